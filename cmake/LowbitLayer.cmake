@@ -1,0 +1,39 @@
+# lowbit_layer(NAME [DIR subdir] DEPS ...): a static library from src/<DIR>/*.cpp.
+# Sources are globbed so that adding a file to a layer never means editing CMake.
+function(lowbit_layer name)
+  cmake_parse_arguments(L "" "DIR" "DEPS" ${ARGN})
+  if(NOT L_DIR)
+    set(L_DIR ${name})
+  endif()
+  file(GLOB sources CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/src/${L_DIR}/*.cpp)
+  if(NOT sources)
+    # A layer with no sources yet still forwards its dependencies to the layers above it.
+    add_library(lowbit_${name} INTERFACE)
+    target_include_directories(lowbit_${name} INTERFACE ${CMAKE_SOURCE_DIR}/include)
+    target_link_libraries(lowbit_${name} INTERFACE ${L_DEPS})
+    return()
+  endif()
+  add_library(lowbit_${name} STATIC ${sources})
+  target_include_directories(lowbit_${name} PUBLIC ${CMAKE_SOURCE_DIR}/include PRIVATE ${CMAKE_SOURCE_DIR}/src)
+  target_link_libraries(lowbit_${name} PUBLIC ${L_DEPS})
+  target_compile_definitions(lowbit_${name} PUBLIC LOWBIT_VERSION="${PROJECT_VERSION}")
+endfunction()
+
+# lowbit_test_suite(NAME LIBS ...): one GoogleTest binary per folder of tests/.
+function(lowbit_test_suite name)
+  cmake_parse_arguments(T "" "" "LIBS" ${ARGN})
+  file(GLOB sources CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/${name}/*.cpp)
+  if(NOT sources)
+    return()
+  endif()
+  add_executable(test_${name} ${sources})
+  target_link_libraries(test_${name} PRIVATE ${T_LIBS} GTest::gtest GTest::gtest_main GTest::gmock)
+  target_include_directories(test_${name} PRIVATE ${CMAKE_SOURCE_DIR}/src ${CMAKE_SOURCE_DIR}/tests)
+  target_compile_definitions(test_${name} PRIVATE
+    LOWBIT_SOURCE_DIR="${CMAKE_SOURCE_DIR}"
+    LOWBIT_SHARED_DIR="${CMAKE_SOURCE_DIR}/../shared"
+    LOWBIT_CLI="$<TARGET_FILE:lowbit>")
+  add_dependencies(test_${name} lowbit)
+  gtest_discover_tests(test_${name} DISCOVERY_MODE PRE_TEST DISCOVERY_TIMEOUT 60
+    PROPERTIES LABELS ${name})
+endfunction()

@@ -1,0 +1,104 @@
+// The codec registry: one row per storage format, like a table of type traits. A codec says which arrays a
+// tensor of a given logical shape and parameters stores, checks their content, decodes rows exactly to fp32
+// and encodes fp32 rows. The artifact verifier validates through this table; the kernels (kernels/) keep
+// their own table keyed by the same ids. The codec layer never includes the kernels.
+//
+// Conventions for every codec:
+//  - A quantized codec stores a rank-2 logical matrix [rows, cols] = [out_features, in_features]; groups and
+//    blocks run along cols. Widths that are not a multiple of the group or block are zero-padded in storage;
+//    params record "padded_cols" (seed 001), and decode_rows never returns padding.
+//  - `dense` stores any rank; it is viewed as [prod(leading dims), last dim] (rank 1: [1, n]).
+//  - params is a JSON object exactly as it appears in the manifest; validate() rejects any key or value
+//    outside the codec's allowed set (Errc::codec_params).
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "lowbit/core/tensor.h"
+
+namespace lowbit {
+class ThreadPool;
+}
+
+namespace lowbit::codec {
+
+using Params = nlohmann::json;
+
+// One array a codec stores for a tensor: its role ("codes", "scales", ...), dtype and shape.
+struct ArraySpec {
+  std::string role;
+  DType dtype;
+  Shape shape;
+};
+
+// The stored arrays of one tensor, by role, in the order the codec's arrays() declares them.
+struct ArrayViews {
+  std::vector<std::pair<std::string, TensorView>> items;
+  const TensorView& at(std::string_view role) const;
+};
+
+struct EncodedTensor {
+  Params params;  // the parameters as stored (normalized: defaults filled in, padded_cols set)
+  std::vector<std::pair<std::string, TensorBuffer>> arrays;
+  ArrayViews views() const;
+};
+
+struct EncodeOptions {
+  // Optional per-input-column importance (length cols), e.g. diag(H) of a calibration Hessian; encoders that
+  // search (clipping ranges, trellis paths) minimize importance-weighted squared error when it is given.
+  std::span<const float> column_importance;
+  bool search = false;  // error-minimizing search instead of plain round-to-nearest where the codec has one
+  uint64_t seed = 0;    // for codecs with randomized transforms
+  ThreadPool* pool = nullptr;
+};
+
+struct Codec {
+  std::string_view id;
+  std::string_view summary;
+  // Throws Errc::codec_params for parameters outside the allowed set, Errc::shape for an unusable shape.
+  void (*validate)(const Params& params, const Shape& shape);
+  // The arrays stored for a tensor with these (validated) params and logical shape.
+  std::vector<ArraySpec> (*arrays)(const Params& params, const Shape& shape);
+  // Throws Errc::reserved_code / Errc::non_finite for content the codec forbids. Arrays match arrays().
+  void (*check_content)(const Params& params, const Shape& shape, const ArrayViews& arrays);
+  // Decodes logical rows [row_begin, row_end) to fp32, row-major with the logical width.
+  void (*decode_rows)(const Params& params, const Shape& shape, const ArrayViews& arrays, int64_t row_begin,
+                      int64_t row_end, float* out);
+  // Encodes a row-major fp32 tensor of the given logical shape.
+  EncodedTensor (*encode)(const Params& params, const Shape& shape, const float* weights,
+                          const EncodeOptions& options);
+};
+
+// A stored tensor: codec, parameters, logical shape and its arrays. What the kernels prepare from.
+struct TensorRef {
+  const Codec* codec = nullptr;
+  Params params;
+  Shape shape;
+  ArrayViews arrays;
+};
+
+std::span<const Codec> all_codecs();
+const Codec* find_codec(std::string_view id);  // nullptr when unknown
+const Codec& codec_or_throw(std::string_view id, std::string_view context);
+
+// [rows, cols] view of a logical shape (see the conventions above).
+std::pair<int64_t, int64_t> matrix_dims(const Shape& shape);
+
+// Bits per logical weight including all metadata arrays.
+double bits_per_weight(const Codec& codec, const Params& params, const Shape& shape);
+
+// Validates params and shape, checks every array's dtype and shape against arrays(), then check_content().
+// `context` names the tensor in error messages.
+void validate_tensor(const TensorRef& tensor, std::string_view context);
+
+// Decodes a whole tensor to fp32 (for tests, conversion and reference paths, never on a kernel's hot path).
+std::vector<float> decode_all(const TensorRef& tensor);
+
+}  // namespace lowbit::codec

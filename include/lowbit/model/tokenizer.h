@@ -1,0 +1,31 @@
+// Tokenizers: one interface over HF tokenizer.json byte-level BPE, SentencePiece models, the llama2.c
+// tokenizer and GGUF-embedded vocabularies.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace lowbit::model {
+
+class Tokenizer {
+ public:
+  virtual ~Tokenizer() = default;
+  // Encodes text; special tokens written literally in the text (e.g. "<|im_start|>") map to their ids when
+  // `parse_special` is set. Adds BOS first when `add_bos` and the tokenizer has one.
+  virtual std::vector<int32_t> encode(std::string_view text, bool add_bos, bool parse_special = true) const = 0;
+  // The bytes of one token as they appear in decoded text (byte fallback resolved). Streaming decode
+  // concatenates these; partial UTF-8 sequences are the caller's to buffer.
+  virtual std::string token_text(int32_t id) const = 0;
+  std::string decode(const std::vector<int32_t>& ids) const;
+  virtual int32_t vocab_size() const = 0;
+  virtual std::optional<int32_t> bos_id() const = 0;
+  virtual std::vector<int32_t> eos_ids() const = 0;
+  virtual std::optional<int32_t> token_id(std::string_view token) const = 0;
+};
+
+}  // namespace lowbit::model

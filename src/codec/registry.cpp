@@ -1,0 +1,117 @@
+// The codec table. Adding a codec: one file (src/codec/<id>.cpp with its header) and one row here; a row with
+// a missing function fails to compile. The kernels keep a matching table (kernels/cpu/registry.cpp) whose
+// coverage is checked by a registry self-test.
+#include <algorithm>
+#include <array>
+#include <cstring>
+
+#include "lowbit/codec/codec.h"
+#include "lowbit/codec/dense.h"
+#include "lowbit/core/checked.h"
+#include "lowbit/core/error.h"
+
+namespace lowbit::codec {
+
+namespace {
+
+constexpr std::array kCodecs{
+    Codec{"dense", "unquantized bf16 / f16 / f32", dense::validate, dense::arrays, dense::check_content,
+          dense::decode_rows, dense::encode},
+};
+
+consteval bool every_row_complete() {
+  for (const Codec& c : kCodecs) {
+    if (c.id.empty() || c.summary.empty() || !c.validate || !c.arrays || !c.check_content || !c.decode_rows ||
+        !c.encode)
+      return false;
+    for (const Codec& d : kCodecs)
+      if (&c != &d && c.id == d.id) return false;
+  }
+  return true;
+}
+static_assert(every_row_complete(), "every codec row needs an id, a summary and all five functions");
+
+}  // namespace
+
+const TensorView& ArrayViews::at(std::string_view role) const {
+  for (const auto& [name, view] : items)
+    if (name == role) return view;
+  fail(Errc::internal, "[codec] array '{}' missing from views", role);
+}
+
+ArrayViews EncodedTensor::views() const {
+  ArrayViews v;
+  for (const auto& [role, buffer] : arrays) v.items.emplace_back(role, buffer.view());
+  return v;
+}
+
+std::span<const Codec> all_codecs() { return kCodecs; }
+
+const Codec* find_codec(std::string_view id) {
+  for (const Codec& c : kCodecs)
+    if (c.id == id) return &c;
+  return nullptr;
+}
+
+const Codec& codec_or_throw(std::string_view id, std::string_view context) {
+  const Codec* c = find_codec(id);
+  if (!c) fail(Errc::unknown_codec, "{}: unknown codec '{}'", context, id);
+  return *c;
+}
+
+std::pair<int64_t, int64_t> matrix_dims(const Shape& shape) {
+  if (shape.empty()) return {1, 1};
+  int64_t rows = 1;
+  for (size_t i = 0; i + 1 < shape.size(); ++i) rows *= shape[i];
+  return {rows, shape.back()};
+}
+
+double bits_per_weight(const Codec& codec, const Params& params, const Shape& shape) {
+  uint64_t bits = 0;
+  for (const ArraySpec& a : codec.arrays(params, shape))
+    bits += checked_numel(a.shape, "[bits_per_weight]") * dtype_size(a.dtype) * 8;
+  const uint64_t n = checked_numel(shape, "[bits_per_weight]");
+  return n == 0 ? 0.0 : static_cast<double>(bits) / static_cast<double>(n);
+}
+
+void validate_tensor(const TensorRef& tensor, std::string_view context) {
+  const Codec& codec = *tensor.codec;
+  try {
+    codec.validate(tensor.params, tensor.shape);
+  } catch (const Error& e) {
+    throw Error(e.code(), fmt::format("{}: {}", context, e.what()));
+  }
+  const auto specs = codec.arrays(tensor.params, tensor.shape);
+  if (specs.size() != tensor.arrays.items.size())
+    fail(Errc::shape, "{}: codec '{}' stores {} arrays, found {}", context, codec.id, specs.size(),
+         tensor.arrays.items.size());
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const auto& [role, view] = tensor.arrays.items[i];
+    const ArraySpec& spec = specs[i];
+    if (role != spec.role)
+      fail(Errc::shape, "{}: array {} is '{}', codec '{}' expects '{}'", context, i, role, codec.id, spec.role);
+    if (view.dtype != spec.dtype)
+      fail(Errc::dtype, "{}: array '{}' has dtype {}, codec '{}' expects {}", context, role, dtype_name(view.dtype),
+           codec.id, dtype_name(spec.dtype));
+    if (view.shape != spec.shape)
+      fail(Errc::shape, "{}: array '{}' has shape {}, codec '{}' expects {}", context, role, shape_str(view.shape),
+           codec.id, shape_str(spec.shape));
+    const uint64_t bytes = checked_mul(checked_numel(spec.shape, context), dtype_size(spec.dtype), context);
+    if (view.bytes.size() != bytes)
+      fail(Errc::truncated, "{}: array '{}' holds {} bytes, expected {}", context, role, view.bytes.size(), bytes);
+  }
+  try {
+    codec.check_content(tensor.params, tensor.shape, tensor.arrays);
+  } catch (const Error& e) {
+    throw Error(e.code(), fmt::format("{}: {}", context, e.what()));
+  }
+}
+
+std::vector<float> decode_all(const TensorRef& tensor) {
+  const auto [rows, cols] = matrix_dims(tensor.shape);
+  std::vector<float> out(checked_mul(static_cast<uint64_t>(rows), static_cast<uint64_t>(cols), "[decode_all]"));
+  tensor.codec->decode_rows(tensor.params, tensor.shape, tensor.arrays, 0, rows, out.data());
+  return out;
+}
+
+}  // namespace lowbit::codec
