@@ -19,9 +19,10 @@ function(lowbit_layer name)
   target_compile_definitions(lowbit_${name} PUBLIC LOWBIT_VERSION="${PROJECT_VERSION}")
 endfunction()
 
-# lowbit_test_suite(NAME LIBS ...): one GoogleTest binary per folder of tests/.
+# lowbit_test_suite(NAME [USES_CLI] LIBS ...): one GoogleTest binary per folder of tests/. USES_CLI builds the
+# lowbit binary first, for tests that run it (its path is LOWBIT_CLI).
 function(lowbit_test_suite name)
-  cmake_parse_arguments(T "" "" "LIBS" ${ARGN})
+  cmake_parse_arguments(T "USES_CLI" "" "LIBS" ${ARGN})
   file(GLOB sources CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/${name}/*.cpp)
   if(NOT sources)
     return()
@@ -33,7 +34,9 @@ function(lowbit_test_suite name)
     LOWBIT_SOURCE_DIR="${CMAKE_SOURCE_DIR}"
     LOWBIT_SHARED_DIR="${CMAKE_SOURCE_DIR}/../shared"
     LOWBIT_CLI="$<TARGET_FILE:lowbit>")
-  add_dependencies(test_${name} lowbit)
+  if(T_USES_CLI)
+    add_dependencies(test_${name} lowbit)
+  endif()
   gtest_discover_tests(test_${name} DISCOVERY_MODE PRE_TEST DISCOVERY_TIMEOUT 60
     PROPERTIES LABELS ${name})
 endfunction()

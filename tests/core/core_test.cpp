@@ -1,0 +1,169 @@
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+
+#include "lowbit/core/checked.h"
+#include "lowbit/core/dtype.h"
+#include "lowbit/core/error.h"
+#include "lowbit/core/mapped_file.h"
+#include "lowbit/core/sha256.h"
+#include "lowbit/core/tensor.h"
+#include "lowbit/core/thread_pool.h"
+
+namespace lowbit {
+namespace {
+
+namespace fs = std::filesystem;
+
+fs::path temp_dir(const char* name) {
+  fs::path p = fs::temp_directory_path() / fmt::format("lowbit-core-{}-{}", name, ::getpid());
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p;
+}
+
+TEST(DType, TableMatchesSafetensorsNames) {
+  EXPECT_EQ(parse_dtype("BF16"), DType::BF16);
+  EXPECT_EQ(parse_dtype("F8_E5M2"), DType::F8_E5M2);
+  EXPECT_FALSE(parse_dtype("bf16").has_value());
+  EXPECT_EQ(dtype_size(DType::F64), 8u);
+  EXPECT_EQ(dtype_size(DType::BOOL), 1u);
+}
+
+TEST(DType, F16RoundTripsEveryValue) {
+  for (uint32_t h = 0; h < 65536; ++h) {
+    const float f = f16_to_f32(static_cast<uint16_t>(h));
+    if (std::isnan(f)) {
+      EXPECT_TRUE(std::isnan(f16_to_f32(f32_to_f16(f))));
+      continue;
+    }
+    ASSERT_EQ(f32_to_f16(f), h) << "f16 bits " << h;
+  }
+}
+
+TEST(DType, F16KnownValuesAndRounding) {
+  EXPECT_EQ(f16_to_f32(0x3c00), 1.0f);
+  EXPECT_EQ(f16_to_f32(0xc000), -2.0f);
+  EXPECT_EQ(f16_to_f32(0x7bff), 65504.0f);
+  EXPECT_EQ(f16_to_f32(0x0001), std::ldexp(1.0f, -24));
+  EXPECT_EQ(f32_to_f16(65520.0f), 0x7c00);  // rounds to infinity
+  EXPECT_EQ(f32_to_f16(65519.0f), 0x7bff);
+  // 1 + 2^-11 is exactly between 1 and the next f16: ties go to even (1.0).
+  EXPECT_EQ(f32_to_f16(1.0f + std::ldexp(1.0f, -11)), 0x3c00);
+  EXPECT_EQ(f32_to_f16(1.0f + 3 * std::ldexp(1.0f, -11)), 0x3c02);
+  EXPECT_EQ(f32_to_f16(std::ldexp(1.0f, -25)), 0x0000);  // tie between 0 and the smallest subnormal
+  EXPECT_EQ(f32_to_f16(std::ldexp(1.5f, -25)), 0x0001);
+}
+
+TEST(DType, Bf16RoundsToNearestEven) {
+  EXPECT_EQ(f32_to_bf16(1.0f), 0x3f80);
+  EXPECT_EQ(bf16_to_f32(0x3f80), 1.0f);
+  const float tie = std::bit_cast<float>(0x3f808000u);  // halfway between 0x3f80 and 0x3f81
+  EXPECT_EQ(f32_to_bf16(tie), 0x3f80);
+  const float above = std::bit_cast<float>(0x3f808001u);
+  EXPECT_EQ(f32_to_bf16(above), 0x3f81);
+  EXPECT_TRUE(std::isnan(bf16_to_f32(f32_to_bf16(NAN))));
+}
+
+TEST(Checked, OverflowIsAnError) {
+  EXPECT_EQ(checked_mul(1ull << 31, 1ull << 31, "x"), 1ull << 62);
+  try {
+    checked_mul(1ull << 32, 1ull << 32, "x");
+    FAIL() << "expected overflow";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::overflow);
+  }
+  EXPECT_THROW(checked_add(~0ull, 1, "x"), Error);
+  const Shape negative{4, -1};
+  EXPECT_THROW(checked_numel(negative, "x"), Error);
+}
+
+TEST(Error, ExitCodes) {
+  EXPECT_EQ(exit_code(Errc::usage), 2);
+  EXPECT_EQ(exit_code(Errc::hash_mismatch), 3);
+  EXPECT_EQ(exit_code(Errc::reserved_code), 3);
+  EXPECT_EQ(exit_code(Errc::io), 1);
+  EXPECT_EQ(exit_code(Errc::internal), 1);
+}
+
+TEST(Sha256, KnownVectors) {
+  EXPECT_EQ(sha256_hex({}), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  const std::string abc = "abc";
+  EXPECT_EQ(sha256_hex(std::as_bytes(std::span(abc))),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  Sha256 streaming;
+  streaming.update("a", 1);
+  streaming.update("bc", 2);
+  EXPECT_EQ(streaming.hex(), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+}
+
+TEST(MappedFile, MapsAndRefusesSymlinks) {
+  const fs::path dir = temp_dir("mmap");
+  { std::ofstream(dir / "a.bin") << "hello"; }
+  const MappedFile f = MappedFile::open(dir / "a.bin");
+  ASSERT_EQ(f.size(), 5u);
+  EXPECT_EQ(static_cast<char>(f.bytes()[4]), 'o');
+  EXPECT_EQ(f.identity(), file_identity(dir / "a.bin"));
+  EXPECT_EQ(sha256_file(dir / "a.bin"), sha256_hex(f.bytes()));
+
+  fs::create_symlink(dir / "a.bin", dir / "link.bin");
+  try {
+    MappedFile::open(dir / "link.bin");
+    FAIL() << "symlink accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::unsafe_path);
+  }
+  EXPECT_THROW(file_identity(dir / "link.bin"), Error);
+  try {
+    MappedFile::open(dir / "absent.bin");
+    FAIL() << "missing file accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::missing_file);
+  }
+  fs::remove_all(dir);
+}
+
+TEST(ThreadPool, CoversTheRangeExactlyOnce) {
+  ThreadPool pool(4);
+  std::vector<std::atomic<int>> hits(10007);
+  pool.parallel_for(hits.size(), 7, [&](size_t b, size_t e) {
+    for (size_t i = b; i < e; ++i) hits[i]++;
+  });
+  for (const auto& h : hits) ASSERT_EQ(h.load(), 1);
+}
+
+TEST(ThreadPool, RethrowsAndStaysUsable) {
+  ThreadPool pool(3);
+  EXPECT_THROW(pool.parallel_for(1000, 1, [](size_t b, size_t) {
+    if (b >= 500) throw std::runtime_error("boom");
+  }), std::runtime_error);
+  std::atomic<size_t> sum{0};
+  pool.parallel_for(100, 1, [&](size_t b, size_t e) {
+    for (size_t i = b; i < e; ++i) sum += i;
+  });
+  EXPECT_EQ(sum.load(), 4950u);
+}
+
+TEST(ThreadPool, NestedCallsRunInline) {
+  ThreadPool pool(2);
+  std::atomic<size_t> count{0};
+  pool.parallel_for(8, 1, [&](size_t b, size_t e) {
+    for (size_t i = b; i < e; ++i) pool.parallel_for(10, 1, [&](size_t b2, size_t e2) { count += e2 - b2; });
+  });
+  EXPECT_EQ(count.load(), 80u);
+}
+
+TEST(Tensor, BufferSizeIsChecked) {
+  const TensorBuffer b = make_buffer(DType::BF16, {3, 5});
+  EXPECT_EQ(b.bytes.size(), 30u);
+  EXPECT_EQ(shape_str(b.shape), "[3, 5]");
+  EXPECT_THROW(make_buffer(DType::F32, {1ll << 40, 1ll << 40}), Error);
+}
+
+}  // namespace
+}  // namespace lowbit
