@@ -74,6 +74,13 @@ struct Codec {
   // Encodes a row-major fp32 tensor of the given logical shape.
   EncodedTensor (*encode)(const Params& params, const Shape& shape, const float* weights,
                           const EncodeOptions& options);
+  // Optional; nullptr where a codec's grid is not fixed column by column (dense, trellis). Re-quantizes column
+  // `col` of an encoded tensor onto the grid its stored parameters (scales, biases) already fix, writing the
+  // codes in place and the dequantized values (one per row) to `out`. GPTQ/LDLQ's column-wise error feedback
+  // runs through it: encode() chooses the grid, then every column is rounded after the earlier columns' error
+  // has been fed forward.
+  void (*quantize_column)(const Params& params, const Shape& shape, EncodedTensor& tensor, int64_t col,
+                          const float* values, float* out) = nullptr;
 };
 
 // A stored tensor: codec, parameters, logical shape and its arrays. What the kernels prepare from.
