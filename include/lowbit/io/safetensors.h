@@ -18,6 +18,8 @@
 namespace lowbit::io {
 
 inline constexpr uint64_t kSafetensorsMaxHeader = 100'000'000;
+inline constexpr size_t kSafetensorsMaxTensors = 1'000'000;
+inline constexpr size_t kSafetensorsMaxRank = 8;
 
 struct SafetensorsEntry {
   std::string name;
@@ -34,7 +36,7 @@ struct SafetensorsHeader {
 };
 
 // Parses and validates a header against the total file size. `source` names the file in errors. Never reads
-// past `file`. Throws lowbit::Error (Errc::format, limit, layout, overflow, duplicate, dtype, truncated).
+// past `file`. Throws lowbit::Error (Errc::format, limit, layout, overflow, duplicate, dtype, shape, truncated).
 SafetensorsHeader parse_safetensors_header(std::span<const std::byte> file, std::string_view source);
 
 // A mapped, validated safetensors file; tensors are zero-copy views into the mapping.
@@ -45,7 +47,7 @@ class SafetensorsFile {
   const std::map<std::string, std::string>& metadata() const { return header_.metadata; }
   bool contains(std::string_view name) const;
   TensorView tensor(std::string_view name) const;  // Errc::format when absent
-  std::vector<std::string> names() const;
+  std::vector<std::string> names() const;          // sorted
   const MappedFile& file() const { return file_; }
 
  private:
@@ -71,7 +73,8 @@ class SafetensorsCheckpoint {
 
 // Streams a safetensors file: declare every tensor (name, dtype, shape) first, then write their bytes in the
 // declared order. Memory use is the header plus what the caller passes in. The caller owns atomicity (the
-// artifact writer writes into a staging directory).
+// artifact writer writes into a staging directory); a writer destroyed before finish() removes its file.
+// Misuse (declaring after writing, writing out of order or the wrong size, finishing early) is Errc::internal.
 class SafetensorsWriter {
  public:
   SafetensorsWriter(std::filesystem::path path, std::map<std::string, std::string> metadata = {});
@@ -87,7 +90,8 @@ class SafetensorsWriter {
   std::unique_ptr<Impl> impl_;
 };
 
-// Convenience: writes a whole set of in-memory tensors (sorted by name) to one file.
+// Convenience: writes a whole set of in-memory tensors to one file, byte for byte as the reference implementation
+// would (same tensor order: by dtype, larger elements first, then by name, so every tensor is aligned).
 void write_safetensors(const std::filesystem::path& path, const std::vector<std::pair<std::string, TensorView>>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
 
