@@ -7,7 +7,7 @@ packages=(
   build-essential cmake ninja-build pkg-config git python3
   nlohmann-json3-dev libssl-dev libcli11-dev libfmt-dev
   libgtest-dev libgmock-dev libbenchmark-dev libhwy-dev
-  libpcre2-dev libsentencepiece-dev
+  libpcre2-dev libsentencepiece-dev libicu-dev
   clang libclang-rt-14-dev
 )
 
