@@ -1,0 +1,338 @@
+#include "lowbit/artifact/writer.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <csignal>
+#include <cstdio>
+#include <random>
+#include <regex>
+#include <system_error>
+#include <utility>
+
+#include "lowbit/core/checked.h"
+#include "lowbit/core/error.h"
+#include "lowbit/core/sha256.h"
+#include "lowbit/io/safetensors.h"
+
+namespace lowbit::artifact {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr std::string_view kOp = "write_artifact";
+
+// An open file descriptor, closed on scope exit.
+class Fd {
+ public:
+  explicit Fd(int fd = -1) : fd_(fd) {}
+  Fd(Fd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+  Fd& operator=(Fd&& other) noexcept {
+    reset();
+    fd_ = std::exchange(other.fd_, -1);
+    return *this;
+  }
+  ~Fd() { reset(); }
+  void reset() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+  int get() const { return fd_; }
+  int release() { return std::exchange(fd_, -1); }
+
+ private:
+  int fd_;
+};
+
+void fsync_dir(const fs::path& dir) {
+  Fd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (fd.get() < 0 || ::fsync(fd.get()) != 0) fail_errno(kOp, dir.string());
+}
+
+void write_all(int fd, const std::byte* data, size_t size, const fs::path& path) {
+  while (size > 0) {
+    const ssize_t n = ::write(fd, data, size);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      fail_errno(kOp, path.string());
+    }
+    data += n;
+    size -= static_cast<size_t>(n);
+  }
+}
+
+Fd create_exclusive(const fs::path& path) {
+  Fd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
+  if (fd.get() < 0) fail_errno(kOp, path.string());
+  return fd;
+}
+
+void finish_file(Fd& fd, const fs::path& path) {
+  if (::fsync(fd.get()) != 0) fail_errno(kOp, path.string());
+  if (::close(fd.release()) != 0) fail_errno(kOp, path.string());
+}
+
+std::string random_hex() {
+  std::random_device rd;
+  const uint64_t v = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  return fmt::format("{:016x}", v);
+}
+
+bool pid_alive(long pid) { return pid > 0 && (::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM); }
+
+// ".<name>.lowbit-staging-<pid>-<16 hex>" (a writer's staging directory) or ".<name>.lowbit-old-<pid>-<16 hex>"
+// (an artifact moved aside during a replacement without RENAME_EXCHANGE).
+const std::regex& leftover_pattern() {
+  static const std::regex re(R"(^\.(.+)\.lowbit-(staging|old)-([0-9]{1,10})-[0-9a-f]{16}$)");
+  return re;
+}
+
+std::string leftover_name(const std::string& artifact, std::string_view kind) {
+  return fmt::format(".{}.lowbit-{}-{}-{}", artifact, kind, ::getpid(), random_hex());
+}
+
+// True when nobody holds the staging directory's lock (the writer holds it for its whole life).
+bool lock_is_free(const fs::path& dir) {
+  Fd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  return fd.get() >= 0 && ::flock(fd.get(), LOCK_EX | LOCK_NB) == 0;
+}
+
+// A dense tensor's parameters for a stored dtype.
+codec::Params dense_params(DType dtype) {
+  switch (dtype) {
+    case DType::F32: return {{"dtype", "f32"}};
+    case DType::F16: return {{"dtype", "f16"}};
+    case DType::BF16: return {{"dtype", "bf16"}};
+    default: fail(Errc::dtype, "[{}] dense tensors are F32, F16 or BF16, not {}", kOp, dtype_name(dtype));
+  }
+}
+
+// The key of a stored array inside its payload: the tensor's own name for a codec's single "data" array, so that
+// other safetensors tools see dense tensors under their names; "<name>:<role>" otherwise.
+std::string array_key(const std::string& tensor, const std::string& role) {
+  return role == "data" ? tensor : tensor + ":" + role;
+}
+
+bool replaceable(const fs::path& dest) {
+  const auto st = fs::symlink_status(dest);
+  if (!fs::is_directory(st)) return false;
+  return fs::is_empty(dest) || fs::is_regular_file(fs::symlink_status(dest / kManifestName));
+}
+
+}  // namespace
+
+size_t clean_stale_staging(const fs::path& parent) {
+  size_t handled = 0;
+  std::error_code ec;
+  for (fs::directory_iterator it(parent, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    std::smatch m;
+    if (name.empty() || name.front() != '.' || !std::regex_match(name, m, leftover_pattern())) continue;
+    if (!it->is_directory(ec) || it->is_symlink(ec) || pid_alive(std::stol(m[3].str()))) continue;
+    std::error_code ignored;
+    if (m[2] == "staging") {
+      if (!lock_is_free(it->path())) continue;
+      fs::remove_all(it->path(), ignored);
+    } else if (!fs::exists(fs::symlink_status(parent / m[1].str()))) {
+      fs::rename(it->path(), parent / m[1].str(), ignored);  // the replacement never happened: put it back
+    } else {
+      fs::remove_all(it->path(), ignored);
+    }
+    ++handled;
+  }
+  return handled;
+}
+
+struct ArtifactWriter::Impl {
+  fs::path dest, parent, staging;
+  std::string name;
+  WriterOptions options;
+  Fd lock;
+  Manifest manifest;
+  std::vector<std::pair<std::string, TensorBuffer>> shard;  // (key, array) awaiting the current payload file
+  uint64_t shard_bytes = 0;
+  size_t shards_written = 0;
+  bool committed = false;
+
+  std::string shard_name() const { return fmt::format("payload-{:05d}.safetensors", shards_written + 1); }
+
+  void flush_shard() {
+    if (shard.empty()) return;
+    const std::string file = shard_name();
+    const fs::path path = staging / file;
+    io::SafetensorsWriter writer(path, {{"format", "lowbit"}});
+    for (const auto& [key, array] : shard) writer.declare(key, array.dtype, array.shape);
+    for (const auto& [key, array] : shard) writer.write(key, array.bytes);
+    const uint64_t size = writer.finish();
+    manifest.files.push_back({file, FileRole::payload, size, sha256_file(path)});
+    shard.clear();
+    shard_bytes = 0;
+    ++shards_written;
+  }
+
+  void check_new_file(const std::string& file) const {
+    check_file_name(file, fmt::format("[{}] {}", kOp, dest.string()));
+    if (file == kManifestName || file.starts_with("payload-"))
+      fail(Errc::usage, "[{}] {}: file name '{}' is reserved for the manifest and payloads", kOp, dest.string(), file);
+    if (manifest.find_file(file)) fail(Errc::duplicate, "[{}] {}: file '{}' added twice", kOp, dest.string(), file);
+    if (manifest.files.size() >= kMaxFiles) fail(Errc::limit, "[{}] {}: more than {} files", kOp, dest.string(), kMaxFiles);
+  }
+
+  void check_replaceable() const {
+    if (!options.force) fail(Errc::exists, "[{}] {}: exists (use --force to replace it)", kOp, dest.string());
+    if (!replaceable(dest))
+      fail(Errc::exists, "[{}] {}: is not a lowbit artifact directory; refusing to replace it", kOp, dest.string());
+  }
+
+  void publish() {
+    const int flags = fs::exists(fs::symlink_status(dest)) ? RENAME_EXCHANGE : RENAME_NOREPLACE;
+    if (flags == RENAME_EXCHANGE) check_replaceable();
+    if (::renameat2(AT_FDCWD, staging.c_str(), AT_FDCWD, dest.c_str(), flags) == 0) {
+      committed = true;
+      fsync_dir(parent);
+      if (flags == RENAME_EXCHANGE) fs::remove_all(staging);  // now holds the old artifact
+      return;
+    }
+    if (errno == EEXIST) fail(Errc::exists, "[{}] {}: appeared while writing", kOp, dest.string());
+    if (errno != EINVAL && errno != ENOSYS && errno != ENOTSUP) fail_errno(kOp, dest.string());
+    publish_by_two_renames(flags == RENAME_EXCHANGE);
+  }
+
+  // For filesystems without renameat2 flags. Between the two renames the destination is absent; the old artifact
+  // waits under ".<name>.lowbit-old-<pid>-<hex>", which clean_stale_staging() renames back if we die there.
+  void publish_by_two_renames(bool replace) {
+    const fs::path old = parent / leftover_name(name, "old");
+    if (replace) fs::rename(dest, old);
+    fs::rename(staging, dest);
+    committed = true;
+    fsync_dir(parent);
+    if (replace) fs::remove_all(old);
+  }
+};
+
+ArtifactWriter::ArtifactWriter(fs::path destination, WriterOptions options) : impl_(std::make_unique<Impl>()) {
+  Impl& w = *impl_;
+  w.dest = fs::absolute(destination).lexically_normal();
+  if (!w.dest.has_filename()) w.dest = w.dest.parent_path();
+  w.parent = w.dest.parent_path();
+  w.name = w.dest.filename().string();
+  w.options = options;
+  if (w.options.shard_bytes == 0) fail(Errc::usage, "[{}] the shard size must be at least 1 byte", kOp);
+  if (!fs::is_directory(w.parent))
+    fail(Errc::io, "[{}] {}: parent directory does not exist", kOp, w.parent.string());
+  clean_stale_staging(w.parent);
+  if (fs::exists(fs::symlink_status(w.dest))) w.check_replaceable();
+  w.staging = w.parent / leftover_name(w.name, "staging");
+  if (::mkdir(w.staging.c_str(), 0755) != 0) fail_errno(kOp, w.staging.string());
+  w.lock = Fd(::open(w.staging.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (w.lock.get() < 0 || ::flock(w.lock.get(), LOCK_EX | LOCK_NB) != 0) {
+    std::error_code ignored;
+    fs::remove_all(w.staging, ignored);
+    fail_errno(kOp, w.staging.string());
+  }
+  w.manifest.provenance.tool = "lowbit " LOWBIT_VERSION;
+}
+
+ArtifactWriter::~ArtifactWriter() {
+  if (!impl_->committed) {
+    std::error_code ignored;
+    fs::remove_all(impl_->staging, ignored);
+  }
+}
+
+void ArtifactWriter::add(std::string name, const Shape& shape, std::string_view codec_id, codec::EncodedTensor tensor) {
+  Impl& w = *impl_;
+  const std::string context = fmt::format("[{}] tensor '{}'", kOp, name);
+  check_tensor_name(name, context);
+  if (w.manifest.find_tensor(name)) fail(Errc::duplicate, "{}: added twice", context);
+  if (w.manifest.tensors.size() >= kMaxTensors) fail(Errc::limit, "{}: more than {} tensors", context, kMaxTensors);
+  checked_shape_numel(shape, context);
+  const codec::Codec& c = codec::codec_or_throw(codec_id, context);
+  codec::validate_tensor({&c, tensor.params, shape, tensor.views()}, context);
+
+  uint64_t bytes = 0;
+  for (const auto& [role, array] : tensor.arrays) bytes = checked_add(bytes, array.bytes.size(), context);
+  if (!w.shard.empty() && w.shard_bytes + bytes > w.options.shard_bytes) w.flush_shard();
+
+  TensorEntry entry{name, shape, std::string(codec_id), std::move(tensor.params), {}};
+  for (auto& [role, array] : tensor.arrays) {
+    std::string key = array_key(name, role);
+    entry.arrays.push_back({role, w.shard_name(), key, array.dtype, array.shape});
+    w.shard.emplace_back(std::move(key), std::move(array));
+  }
+  w.shard_bytes += bytes;
+  w.manifest.tensors.push_back(std::move(entry));
+  if (w.shard_bytes >= w.options.shard_bytes) w.flush_shard();
+}
+
+void ArtifactWriter::add_dense(std::string name, const TensorView& tensor) {
+  codec::EncodedTensor encoded;
+  encoded.params = dense_params(tensor.dtype);
+  TensorBuffer data{tensor.dtype, tensor.shape, {tensor.bytes.begin(), tensor.bytes.end()}};
+  encoded.arrays.emplace_back("data", std::move(data));
+  add(std::move(name), tensor.shape, "dense", std::move(encoded));
+}
+
+void ArtifactWriter::add_file(const fs::path& source, FileRole role, std::string name) {
+  Impl& w = *impl_;
+  if (role == FileRole::payload)
+    fail(Errc::usage, "[{}] {}: payload files are written by the writer, not copied", kOp, source.string());
+  if (name.empty()) name = source.filename().string();
+  w.check_new_file(name);
+  Fd in(::open(source.c_str(), O_RDONLY | O_CLOEXEC));
+  if (in.get() < 0) fail_errno(kOp, source.string());
+  const fs::path path = w.staging / name;
+  Fd out = create_exclusive(path);
+  Sha256 hash;
+  std::vector<std::byte> buffer(1 << 20);
+  uint64_t size = 0;
+  for (;;) {
+    const ssize_t n = ::read(in.get(), buffer.data(), buffer.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) fail_errno(kOp, source.string());
+    if (n == 0) break;
+    hash.update(buffer.data(), static_cast<size_t>(n));
+    write_all(out.get(), buffer.data(), static_cast<size_t>(n), path);
+    size += static_cast<uint64_t>(n);
+  }
+  finish_file(out, path);
+  w.manifest.files.push_back({std::move(name), role, size, hash.hex()});
+}
+
+void ArtifactWriter::set_config(nlohmann::json config) {
+  if (!config.is_object()) fail(Errc::usage, "[{}] the model config must be a JSON object", kOp);
+  impl_->manifest.config = std::move(config);
+}
+
+void ArtifactWriter::set_provenance(Provenance provenance) {
+  if (provenance.tool.empty()) provenance.tool = impl_->manifest.provenance.tool;
+  impl_->manifest.provenance = std::move(provenance);
+}
+
+void ArtifactWriter::set_quality(nlohmann::json quality) {
+  if (!quality.is_object()) fail(Errc::usage, "[{}] quality must be a JSON object", kOp);
+  impl_->manifest.quality = std::move(quality);
+}
+
+const Manifest& ArtifactWriter::commit() {
+  Impl& w = *impl_;
+  if (w.committed) fail(Errc::internal, "[{}] {}: committed twice", kOp, w.dest.string());
+  w.flush_shard();
+  const std::string text = w.manifest.serialize();
+  Manifest::parse(text, fmt::format("{} (as written)", kManifestName));  // never publish what a reader rejects
+  const fs::path path = w.staging / kManifestName;
+  Fd out = create_exclusive(path);
+  write_all(out.get(), reinterpret_cast<const std::byte*>(text.data()), text.size(), path);
+  finish_file(out, path);
+  fsync_dir(w.staging);
+  w.publish();
+  return w.manifest;
+}
+
+const fs::path& ArtifactWriter::staging_dir() const { return impl_->staging; }
+
+}  // namespace lowbit::artifact
