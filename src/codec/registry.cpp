@@ -7,6 +7,7 @@
 
 #include "lowbit/codec/codec.h"
 #include "lowbit/codec/dense.h"
+#include "lowbit/codec/trellis.h"
 #include "lowbit/core/checked.h"
 #include "lowbit/core/error.h"
 
@@ -17,6 +18,8 @@ namespace {
 constexpr std::array kCodecs{
     Codec{"dense", "unquantized bf16 / f16 / f32", dense::validate, dense::arrays, dense::check_content,
           dense::decode_rows, dense::encode},
+    Codec{"trellis", "QTIP-style tail-biting bitshift trellis (1MAD / 3INST codes), Hadamard-rotated, 1-4 bits",
+          trellis::validate, trellis::arrays, trellis::check_content, trellis::decode_rows, trellis::encode},
 };
 
 consteval bool every_row_complete() {
