@@ -5,6 +5,7 @@
 #include <array>
 #include <cstring>
 
+#include "lowbit/codec/affine.h"
 #include "lowbit/codec/codec.h"
 #include "lowbit/codec/dense.h"
 #include "lowbit/codec/trellis.h"
@@ -18,6 +19,8 @@ namespace {
 constexpr std::array kCodecs{
     Codec{"dense", "unquantized bf16 / f16 / f32", dense::validate, dense::arrays, dense::check_content,
           dense::decode_rows, dense::encode},
+    Codec{"affine", "MLX-compatible affine: w = scale * q + bias per group, 2-8 bits", affine::validate,
+          affine::arrays, affine::check_content, affine::decode_rows, affine::encode, affine::quantize_column},
     Codec{"trellis", "QTIP-style tail-biting bitshift trellis (1MAD / 3INST codes), Hadamard-rotated, 1-4 bits",
           trellis::validate, trellis::arrays, trellis::check_content, trellis::decode_rows, trellis::encode},
 };

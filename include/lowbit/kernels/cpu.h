@@ -42,6 +42,12 @@ std::span<const CpuKernelEntry> cpu_kernel_table();
 // Prepares a validated tensor for the CPU (Errc::unsupported when no kernel exists for its codec).
 std::unique_ptr<CpuLinear> prepare_cpu(const codec::TensorRef& tensor);
 
+// Fuses row-compatible matrices (same codec, params and width; e.g. q/k/v or gate/up) into one allocation and
+// returns one CpuLinear whose rows are theirs, in order: one kernel call computes them all. The originals stay
+// usable as views. Works for every codec whose arrays all have the rows as their first dimension; others get
+// Errc::unsupported, incompatible parts Errc::shape.
+std::unique_ptr<CpuLinear> prepare_cpu_fused(std::span<const codec::TensorRef> parts);
+
 // Gathered ids beyond this are refused: embedding lookups come in bounded batches (seed 001).
 inline constexpr size_t kMaxGatherIds = 1 << 16;
 

@@ -1,6 +1,7 @@
 // The CPU kernel table, keyed by codec id. Adding a codec: one row here next to its row in the codec registry.
 #include <array>
 
+#include "kernels/cpu/affine_kernels.h"
 #include "kernels/cpu/dense_kernels.h"
 #include "lowbit/core/error.h"
 #include "lowbit/kernels/cpu.h"
@@ -10,6 +11,7 @@ namespace lowbit::kernels {
 namespace {
 constexpr std::array kCpuKernels{
     CpuKernelEntry{"dense", prepare_dense},
+    CpuKernelEntry{"affine", prepare_affine},
 };
 }  // namespace
 

@@ -1,0 +1,355 @@
+// Affine kernels: batch-1 matvec that streams each plane once and decodes in registers, a batched path that
+// decodes a tile of rows once and reuses it across the activations, and a row gather. SIMD code is compiled per
+// Highway target (see simd.cpp for the pattern) and dispatched at run time.
+//
+// Matvec per row r:  y[r] = sum_g scale[r,g] * (sum_{i in g} q[r,i] x[i]) + sum_g bias[r,g] * xsum[g]
+// where xsum[g] (the activations summed over group g) is computed once per call.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/cpu/affine_kernels.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+
+#include <algorithm>
+#include <utility>
+#include <vector>
+
+#include "kernels/cpu/affine_kernels.h"
+#include "kernels/cpu/simd.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace lowbit::kernels::affine_simd {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+using DF = hn::ScalableTag<float>;
+using DU = hn::RebindToUnsigned<DF>;
+using DI = hn::RebindToSigned<DF>;
+
+using IndicesU = decltype(hn::SetTableIndices(DU(), static_cast<const int32_t*>(nullptr)));
+using IndicesF = decltype(hn::SetTableIndices(DF(), static_cast<const int32_t*>(nullptr)));
+
+size_t Lanes() { return hn::Lanes(DF()); }
+
+// N words from p where only `avail` are readable (the last block of a row); the rest read as zero.
+HWY_INLINE hn::Vec<DU> LoadWords(DU du, const uint32_t* p, int64_t avail) {
+  if (avail >= static_cast<int64_t>(hn::Lanes(du))) return hn::LoadU(du, p);
+  uint32_t tmp[64] = {};
+  std::copy_n(p, std::max<int64_t>(avail, 0), tmp);
+  return hn::LoadU(du, tmp);
+}
+
+// Decodes one block: N low-plane words (lane j owns word w0 + j, i.e. codes (w0 + j) * kCodesPerWord + k) and
+// the high-plane bits of the same codes, broadcast to their lanes.
+template <int A, int C>
+struct BlockDecoder {
+  static constexpr int kCodesPerWord = 32 / A;
+  static constexpr int kRatio = C ? A / C : 1;  // low words per high word
+
+  DU du;
+  DF df;
+  hn::Vec<DU> lo_mask = hn::Set(du, A == 8 ? 0xFFu : (1u << A) - 1u);
+  hn::Vec<DU> hi_mask = hn::Set(du, C ? (1u << C) - 1u : 0u);
+  hn::Vec<DU> hi_shift;
+  IndicesU hi_index;
+  hn::Vec<DU> lo, hi;
+
+  BlockDecoder() {
+    int32_t index[64];
+    uint32_t shift[64];
+    for (size_t j = 0; j < hn::Lanes(du); ++j) {
+      index[j] = static_cast<int32_t>(j / kRatio);
+      shift[j] = static_cast<uint32_t>((j % kRatio) * (32 / kRatio));
+    }
+    hi_index = hn::SetTableIndices(du, index);
+    hi_shift = hn::LoadU(du, shift);
+  }
+
+  HWY_INLINE void Load(const AffinePlanes& p, const uint32_t* lo_row, const uint32_t* hi_row, int64_t w0) {
+    lo = LoadWords(du, lo_row + w0, p.lo_words - w0);
+    if constexpr (C != 0) {
+      const int64_t h0 = w0 / kRatio;
+      hi = hn::TableLookupLanes(LoadWords(du, hi_row + h0, p.hi_words - h0), hi_index) >> hi_shift;
+    }
+  }
+
+  template <int K>
+  HWY_INLINE hn::Vec<DF> Code() const {
+    auto q = hn::And(hn::ShiftRight<K * A>(lo), lo_mask);
+    if constexpr (C != 0) q = hn::Or(q, hn::ShiftLeft<A>(hn::And(hn::ShiftRight<K * C>(hi), hi_mask)));
+    return hn::ConvertTo(df, hn::BitCast(DI(), q));
+  }
+};
+
+template <class Fn, int... K>
+HWY_INLINE void ForEachCode(Fn&& fn, std::integer_sequence<int, K...>) {
+  (fn(std::integral_constant<int, K>()), ...);
+}
+
+// Per-row f32 copies of the scales and biases, with N zero floats of slack so a block may load past the last
+// group; and the table mapping a block's lanes to their group.
+struct RowParams {
+  std::vector<float> scales, biases;
+  IndicesF lane_group;
+  int64_t words_per_group;
+  bool lanes_span_groups;
+
+  explicit RowParams(const AffinePlanes& p, int lo_bits) {
+    const DF df;
+    const size_t N = hn::Lanes(df);
+    scales.assign(static_cast<size_t>(p.groups) + N, 0.0f);
+    biases.assign(static_cast<size_t>(p.groups) + N, 0.0f);
+    words_per_group = p.group_size * lo_bits / 32;
+    lanes_span_groups = static_cast<int64_t>(N) > words_per_group;
+    int32_t index[64];
+    for (size_t j = 0; j < N; ++j)
+      index[j] = lanes_span_groups ? static_cast<int32_t>(static_cast<int64_t>(j) / words_per_group) : 0;
+    lane_group = hn::SetTableIndices(df, index);
+  }
+
+  void load(const AffinePlanes& p, int64_t r) {
+    const size_t bytes = dtype_size(p.scale_dtype);
+    const size_t n = static_cast<size_t>(p.groups);
+    simd::to_f32(p.scale_dtype, p.scales + static_cast<size_t>(r) * n * bytes, n, scales.data());
+    simd::to_f32(p.scale_dtype, p.biases + static_cast<size_t>(r) * n * bytes, n, biases.data());
+  }
+
+  // The scales (or biases) of the block starting at low word w0, one per lane.
+  HWY_INLINE hn::Vec<DF> lanes(const std::vector<float>& v, int64_t w0) const {
+    const DF df;
+    const float* g = v.data() + w0 / words_per_group;
+    return lanes_span_groups ? hn::TableLookupLanes(hn::LoadU(df, g), lane_group) : hn::Set(df, *g);
+  }
+};
+
+template <int A, int C>
+void MatvecT(const AffinePlanes& p, const float* xp, const float* xsum, size_t r0, size_t r1, float* y) {
+  using Dec = BlockDecoder<A, C>;
+  const DF df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  const int64_t blocks = (p.lo_words + N - 1) / N;
+  Dec dec;
+  RowParams params(p, A);
+  for (size_t r = r0; r < r1; ++r) {
+    params.load(p, static_cast<int64_t>(r));
+    const uint32_t* lo_row = p.lo + static_cast<int64_t>(r) * p.lo_words;
+    const uint32_t* hi_row = p.hi ? p.hi + static_cast<int64_t>(r) * p.hi_words : nullptr;
+    auto total = hn::Zero(df);
+    for (int64_t b = 0; b < blocks; ++b) {
+      dec.Load(p, lo_row, hi_row, b * N);
+      const float* xb = xp + b * N * Dec::kCodesPerWord;
+      auto even = hn::Zero(df), odd = hn::Zero(df);
+      ForEachCode(
+          [&](auto k) {
+            constexpr int K = decltype(k)::value;
+            const auto prod_in = hn::LoadU(df, xb + K * N);
+            if constexpr (K % 2 == 0)
+              even = hn::MulAdd(dec.template Code<K>(), prod_in, even);
+            else
+              odd = hn::MulAdd(dec.template Code<K>(), prod_in, odd);
+          },
+          std::make_integer_sequence<int, Dec::kCodesPerWord>());
+      total = hn::MulAdd(params.lanes(params.scales, b * N), hn::Add(even, odd), total);
+    }
+    y[r - r0] = hn::GetLane(hn::SumOfLanes(df, total)) +
+                simd::dot(params.biases.data(), xsum, static_cast<size_t>(p.groups));
+  }
+}
+
+// Rows [r0, r1) x blocks [b0, b1) dequantized (scale * q + bias) in the permuted order the activations use.
+template <int A, int C>
+void DecodeTileT(const AffinePlanes& p, size_t r0, size_t r1, size_t b0, size_t b1, float* out,
+                 size_t out_stride) {
+  using Dec = BlockDecoder<A, C>;
+  const DF df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  Dec dec;
+  RowParams params(p, A);
+  for (size_t r = r0; r < r1; ++r) {
+    params.load(p, static_cast<int64_t>(r));
+    const uint32_t* lo_row = p.lo + static_cast<int64_t>(r) * p.lo_words;
+    const uint32_t* hi_row = p.hi ? p.hi + static_cast<int64_t>(r) * p.hi_words : nullptr;
+    for (size_t b = b0; b < b1; ++b) {
+      const int64_t w0 = static_cast<int64_t>(b) * N;
+      dec.Load(p, lo_row, hi_row, w0);
+      const auto scale = params.lanes(params.scales, w0), bias = params.lanes(params.biases, w0);
+      float* ob = out + (r - r0) * out_stride + (b - b0) * N * Dec::kCodesPerWord;
+      ForEachCode(
+          [&](auto k) {
+            constexpr int K = decltype(k)::value;
+            hn::StoreU(hn::MulAdd(dec.template Code<K>(), scale, bias), df, ob + K * N);
+          },
+          std::make_integer_sequence<int, Dec::kCodesPerWord>());
+    }
+  }
+}
+
+// One switch from the runtime plane widths to the compile-time kernels.
+template <class Fn>
+void WithPlanes(const AffinePlanes& p, Fn&& fn) {
+  switch (p.lo_bits * 10 + p.hi_bits) {
+    case 20: fn(std::integral_constant<int, 2>(), std::integral_constant<int, 0>()); break;
+    case 40: fn(std::integral_constant<int, 4>(), std::integral_constant<int, 0>()); break;
+    case 80: fn(std::integral_constant<int, 8>(), std::integral_constant<int, 0>()); break;
+    case 21: fn(std::integral_constant<int, 2>(), std::integral_constant<int, 1>()); break;
+    case 41: fn(std::integral_constant<int, 4>(), std::integral_constant<int, 1>()); break;
+    case 42: fn(std::integral_constant<int, 4>(), std::integral_constant<int, 2>()); break;
+    default: HWY_ABORT("affine planes %d+%d", p.lo_bits, p.hi_bits);
+  }
+}
+
+void Matvec(const AffinePlanes& p, const float* xp, const float* xsum, size_t r0, size_t r1, float* y) {
+  WithPlanes(p, [&](auto a, auto c) { MatvecT<decltype(a)::value, decltype(c)::value>(p, xp, xsum, r0, r1, y); });
+}
+
+void DecodeTile(const AffinePlanes& p, size_t r0, size_t r1, size_t b0, size_t b1, float* out, size_t out_stride) {
+  WithPlanes(p, [&](auto a, auto c) {
+    DecodeTileT<decltype(a)::value, decltype(c)::value>(p, r0, r1, b0, b1, out, out_stride);
+  });
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace lowbit::kernels::affine_simd
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+#include "lowbit/codec/affine.h"
+#include "lowbit/core/thread_pool.h"
+
+namespace lowbit::kernels {
+
+namespace affine_simd {
+HWY_EXPORT(Lanes);
+HWY_EXPORT(Matvec);
+HWY_EXPORT(DecodeTile);
+}  // namespace affine_simd
+
+namespace {
+
+using codec::affine::Layout;
+
+// Splits each row's b-bit stream into a low plane of lo_bits and a high plane of the remaining bits, both
+// streams of whole codes per word. One pass with a bit buffer; no dense expansion.
+void split_planes(const Layout& l, const uint32_t* codes, int lo_bits, uint32_t* lo, uint32_t* hi) {
+  const int hi_bits = l.bits - lo_bits;
+  const uint32_t mask = l.max_code(), lo_mask = (1u << lo_bits) - 1u;
+  for (int64_t r = 0; r < l.rows; ++r) {
+    const uint32_t* in = codes + r * l.words_per_row();
+    uint64_t buffer = 0;
+    int buffered = 0;
+    uint32_t lo_word = 0, hi_word = 0;
+    int lo_fill = 0, hi_fill = 0;
+    for (int64_t c = 0; c < l.padded_cols; ++c) {
+      if (buffered < l.bits) buffer |= static_cast<uint64_t>(*in++) << buffered, buffered += 32;
+      const uint32_t q = static_cast<uint32_t>(buffer) & mask;
+      buffer >>= l.bits, buffered -= l.bits;
+      lo_word |= (q & lo_mask) << lo_fill;
+      hi_word |= (q >> lo_bits) << hi_fill;
+      if ((lo_fill += lo_bits) == 32) *lo++ = lo_word, lo_word = 0, lo_fill = 0;
+      if ((hi_fill += hi_bits) == 32) *hi++ = hi_word, hi_word = 0, hi_fill = 0;
+    }
+  }
+}
+
+class AffineLinear final : public CpuLinear {
+ public:
+  explicit AffineLinear(const codec::TensorRef& t)
+      : layout_(codec::affine::layout(t.params, t.shape)),
+        codes_(t.arrays.at("codes")),
+        scales_(t.arrays.at("scales")),
+        biases_(t.arrays.at("biases")) {
+    const int bits = layout_.bits;
+    planes_.lo_bits = bits == 3 ? 2 : bits == 5 || bits == 6 ? 4 : bits;
+    planes_.hi_bits = bits - planes_.lo_bits;
+    planes_.rows = layout_.rows;
+    planes_.group_size = layout_.group_size;
+    planes_.groups = layout_.groups_per_row();
+    planes_.lo_words = layout_.padded_cols * planes_.lo_bits / 32;
+    planes_.hi_words = layout_.padded_cols * planes_.hi_bits / 32;
+    planes_.scale_dtype = layout_.scale_dtype;
+    planes_.scales = scales_.bytes.data();
+    planes_.biases = biases_.bytes.data();
+    if (planes_.hi_bits == 0) {
+      planes_.lo = codes_.as<uint32_t>();
+    } else {
+      lo_plane_.resize(static_cast<size_t>(layout_.rows * planes_.lo_words));
+      hi_plane_.resize(static_cast<size_t>(layout_.rows * planes_.hi_words));
+      split_planes(layout_, codes_.as<uint32_t>(), planes_.lo_bits, lo_plane_.data(), hi_plane_.data());
+      planes_.lo = lo_plane_.data();
+      planes_.hi = hi_plane_.data();
+    }
+    lanes_ = static_cast<int64_t>(HWY_DYNAMIC_DISPATCH(affine_simd::Lanes)());
+    block_codes_ = lanes_ * (32 / planes_.lo_bits);
+    blocks_ = (planes_.lo_words + lanes_ - 1) / lanes_;
+  }
+
+  int64_t rows() const override { return layout_.rows; }
+  int64_t cols() const override { return layout_.cols; }
+  uint64_t weight_bytes() const override {
+    return codes_.bytes.size() + scales_.bytes.size() + biases_.bytes.size();
+  }
+
+  // y [m, rows] = x [m, cols] @ W^T
+  void matmul(const float* x, int64_t m, float* y, ThreadPool& pool) const override {
+    const size_t xp_len = static_cast<size_t>(blocks_ * block_codes_);
+    std::vector<float> xp(static_cast<size_t>(m) * xp_len, 0.0f);
+    for (int64_t i = 0; i < m; ++i) permute(x + i * layout_.cols, xp.data() + i * xp_len);
+    if (m == 1) {
+      std::vector<float> xsum(static_cast<size_t>(planes_.groups), 0.0f);
+      for (int64_t c = 0; c < layout_.cols; ++c) xsum[static_cast<size_t>(c / layout_.group_size)] += x[c];
+      pool.parallel_for(static_cast<size_t>(layout_.rows), 16, [&](size_t r0, size_t r1) {
+        HWY_DYNAMIC_DISPATCH(affine_simd::Matvec)(planes_, xp.data(), xsum.data(), r0, r1, y + r0);
+      });
+      return;
+    }
+    const size_t block = static_cast<size_t>(block_codes_);
+    const size_t k_chunk = block * std::max<size_t>(1, 1024 / block);
+    simd::tiled_matmul(
+        static_cast<size_t>(layout_.rows), xp_len, k_chunk,
+        [&](size_t r0, size_t r1, size_t k0, size_t k1, float* out, size_t stride) {
+          HWY_DYNAMIC_DISPATCH(affine_simd::DecodeTile)(planes_, r0, r1, k0 / block, (k1 + block - 1) / block, out,
+                                                        stride);
+        },
+        xp.data(), xp_len, static_cast<size_t>(m), y, static_cast<size_t>(layout_.rows), pool);
+  }
+
+  void gather_rows(std::span<const int32_t> ids, float* out) const override {
+    check_gather_ids(ids, layout_.rows);
+    const auto* codes = codes_.as<uint32_t>();
+    for (const int32_t id : ids) {
+      const uint32_t* words = codes + static_cast<int64_t>(id) * layout_.words_per_row();
+      for (int64_t c = 0; c < layout_.cols; ++c) {
+        const size_t g = static_cast<size_t>(id * layout_.groups_per_row() + c / layout_.group_size);
+        const float s = load_float(scales_.dtype, scales_.bytes.data(), g);
+        const float b = load_float(biases_.dtype, biases_.bytes.data(), g);
+        *out++ = s * static_cast<float>(codec::affine::read_code(words, c, layout_.bits)) + b;
+      }
+    }
+  }
+
+ private:
+  // xp[b * block + k * N + j] = x[(b * N + j) * codes_per_word + k]: lane j of block b owns low word b * N + j.
+  // Padding and the tail past the last word stay zero.
+  void permute(const float* x, float* xp) const {
+    const int64_t per_word = 32 / planes_.lo_bits;
+    for (int64_t w = 0; w * per_word < layout_.cols; ++w) {
+      float* dst = xp + (w / lanes_) * block_codes_ + (w % lanes_);
+      const int64_t n = std::min(per_word, layout_.cols - w * per_word);
+      for (int64_t k = 0; k < n; ++k) dst[k * lanes_] = x[w * per_word + k];
+    }
+  }
+
+  Layout layout_;
+  TensorView codes_, scales_, biases_;
+  AffinePlanes planes_;
+  std::vector<uint32_t> lo_plane_, hi_plane_;  // only for 3, 5 and 6 bits
+  int64_t lanes_ = 0, block_codes_ = 0, blocks_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<CpuLinear> prepare_affine(const codec::TensorRef& tensor) {
+  return std::make_unique<AffineLinear>(tensor);
+}
+
+}  // namespace lowbit::kernels
+#endif  // HWY_ONCE

@@ -1,0 +1,226 @@
+// One harness for every (codec, CPU kernel) pair in the registries: each kernel is checked against an fp64
+// reference computed from the codec's exact decode_rows, on random shapes, odd row counts and the smallest
+// legal widths, for m == 1 and m > 1, with the outputs poisoned before each run.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/simd.h"
+#include "lowbit/codec/codec.h"
+#include "lowbit/core/error.h"
+#include "lowbit/core/thread_pool.h"
+#include "lowbit/kernels/cpu.h"
+
+namespace lowbit::kernels {
+namespace {
+
+using codec::Params;
+
+// Example parameters per codec id, and the narrowest width each must handle. A codec added to the registry
+// without an entry here fails CodecsHaveExamples: add its params (every bit width / variant worth running).
+struct Example {
+  std::vector<Params> params;
+  std::vector<int64_t> widths;  // smallest legal widths first, then odd and multi-group ones
+};
+
+const std::map<std::string, Example>& examples() {
+  static const std::map<std::string, Example> table = [] {
+    std::map<std::string, Example> t;
+    t["dense"] = {{{{"dtype", "bf16"}}, {{"dtype", "f16"}}, {{"dtype", "f32"}}}, {1, 7, 64, 301}};
+    Example affine;
+    for (int bits : {2, 3, 4, 5, 6, 8})
+      affine.params.push_back({{"bits", bits}, {"group_size", 32}, {"scale_dtype", "f16"}});
+    affine.params.push_back({{"bits", 4}, {"group_size", 64}, {"scale_dtype", "bf16"}});
+    affine.params.push_back({{"bits", 3}, {"group_size", 128}, {"scale_dtype", "f32"}});
+    affine.params.push_back({{"bits", 2}, {"group_size", 128}, {"scale_dtype", "bf16"}});
+    affine.widths = {1, 31, 32, 33, 200, 544};
+    t["affine"] = affine;
+    return t;
+  }();
+  return table;
+}
+
+std::vector<float> random_values(size_t n, std::mt19937& rng, float scale = 1.0f) {
+  std::normal_distribution<float> normal(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& f : v) f = normal(rng);
+  if (n > 3) v[n / 3] *= 6.0f;  // an outlier, as real weights have
+  return v;
+}
+
+struct Encoded {
+  codec::EncodedTensor encoded;
+  codec::TensorRef ref;
+};
+
+Encoded encode(const codec::Codec& c, const Params& params, const Shape& shape, std::mt19937& rng) {
+  const auto weights = random_values(static_cast<size_t>(shape[0] * shape[1]), rng, 0.05f);
+  Encoded e{c.encode(params, shape, weights.data(), {}), {}};
+  e.ref = {&c, e.encoded.params, shape, e.encoded.views()};
+  codec::validate_tensor(e.ref, c.id);
+  return e;
+}
+
+// y_ref [m, rows] in fp64 from the exact decode, and the scale of each sum for the tolerance.
+void reference(const std::vector<float>& w, int64_t rows, int64_t cols, const std::vector<float>& x, int64_t m,
+               std::vector<double>& y, std::vector<double>& magnitude) {
+  y.assign(static_cast<size_t>(m * rows), 0.0);
+  magnitude.assign(static_cast<size_t>(m * rows), 0.0);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) {
+        const double p = static_cast<double>(w[r * cols + c]) * x[i * cols + c];
+        y[i * rows + r] += p;
+        magnitude[i * rows + r] += std::abs(p);
+      }
+}
+
+void expect_matmul_matches(const CpuLinear& k, const codec::TensorRef& ref, int64_t m, std::mt19937& rng,
+                           ThreadPool& pool, const std::string& what) {
+  const auto [rows, cols] = codec::matrix_dims(ref.shape);
+  ASSERT_EQ(k.rows(), rows) << what;
+  ASSERT_EQ(k.cols(), cols) << what;
+  const auto w = codec::decode_all(ref);
+  const auto x = random_values(static_cast<size_t>(m * cols), rng);
+  std::vector<double> y_ref, magnitude;
+  reference(w, rows, cols, x, m, y_ref, magnitude);
+  std::vector<float> y(static_cast<size_t>(m * rows), std::numeric_limits<float>::quiet_NaN());
+  k.matmul(x.data(), m, y.data(), pool);
+  for (size_t i = 0; i < y.size(); ++i)
+    ASSERT_NEAR(y[i], y_ref[i], 2e-5 * magnitude[i] + 1e-6) << what << " m=" << m << " output " << i;
+}
+
+void expect_gather_matches(const CpuLinear& k, const codec::TensorRef& ref, std::mt19937& rng,
+                           const std::string& what) {
+  const auto [rows, cols] = codec::matrix_dims(ref.shape);
+  std::uniform_int_distribution<int32_t> pick(0, static_cast<int32_t>(rows - 1));
+  const std::vector<int32_t> ids = {pick(rng), static_cast<int32_t>(rows - 1), pick(rng), 0};
+  std::vector<float> out(ids.size() * static_cast<size_t>(cols), std::numeric_limits<float>::quiet_NaN());
+  k.gather_rows(ids, out.data());
+  std::vector<float> row(static_cast<size_t>(cols));
+  for (size_t i = 0; i < ids.size(); ++i) {
+    ref.codec->decode_rows(ref.params, ref.shape, ref.arrays, ids[i], ids[i] + 1, row.data());
+    for (int64_t c = 0; c < cols; ++c)
+      ASSERT_NEAR(out[i * cols + c], row[c], 1e-6f * (1.0f + std::abs(row[c]))) << what << " id " << ids[i];
+  }
+  const std::vector<int32_t> bad = {0, static_cast<int32_t>(rows)};
+  EXPECT_THROW(k.gather_rows(bad, out.data()), Error) << what;
+  const std::vector<int32_t> negative = {-1};
+  EXPECT_THROW(k.gather_rows(negative, out.data()), Error) << what;
+}
+
+TEST(KernelRegistry, EveryCodecHasACpuKernelAndNoRowIsStale) {
+  for (const codec::Codec& c : codec::all_codecs()) {
+    int rows = 0;
+    for (const CpuKernelEntry& e : cpu_kernel_table()) rows += e.codec_id == c.id;
+    EXPECT_EQ(rows, 1) << "codec '" << c.id << "' needs exactly one row in src/kernels/cpu/registry.cpp";
+  }
+  for (const CpuKernelEntry& e : cpu_kernel_table())
+    EXPECT_NE(codec::find_codec(e.codec_id), nullptr) << "kernel row for unknown codec '" << e.codec_id << "'";
+}
+
+TEST(KernelRegistry, CodecsHaveExamples) {
+  for (const codec::Codec& c : codec::all_codecs())
+    EXPECT_TRUE(examples().contains(std::string(c.id)))
+        << "codec '" << c.id << "' has no example params in tests/kernels/kernels_test.cpp";
+}
+
+TEST(Kernels, EveryCodecMatchesFp64ReferenceOfItsDecoder) {
+  ThreadPool pool(3);
+  std::mt19937 rng(1234);
+  for (const codec::Codec& c : codec::all_codecs()) {
+    const auto it = examples().find(std::string(c.id));
+    if (it == examples().end()) continue;  // reported by CodecsHaveExamples
+    for (const Params& params : it->second.params)
+      for (const int64_t cols : it->second.widths)
+        for (const int64_t rows : {int64_t{1}, int64_t{3}, int64_t{37}}) {
+          const std::string what = fmt::format("{} {} [{}, {}] on {}", c.id, params.dump(), rows, cols,
+                                               simd::target_name());
+          const Encoded e = encode(c, params, {rows, cols}, rng);
+          const auto kernel = prepare_cpu(e.ref);
+          for (const int64_t m : {int64_t{1}, int64_t{2}, int64_t{5}})
+            expect_matmul_matches(*kernel, e.ref, m, rng, pool, what);
+          expect_gather_matches(*kernel, e.ref, rng, what);
+        }
+  }
+}
+
+TEST(Kernels, LargeBatchCrossesTileAndChunkBoundaries) {
+  ThreadPool pool(2);
+  std::mt19937 rng(7);
+  for (const codec::Codec& c : codec::all_codecs()) {
+    const auto it = examples().find(std::string(c.id));
+    if (it == examples().end()) continue;
+    const Params& params = it->second.params.front();
+    const Encoded e = encode(c, params, {35, 1100}, rng);
+    const auto kernel = prepare_cpu(e.ref);
+    expect_matmul_matches(*kernel, e.ref, 19, rng, pool, fmt::format("{} {}", c.id, params.dump()));
+  }
+}
+
+// Fused q/k/v-style parts give the rows of each part, in order, from one call.
+TEST(Kernels, FusedMatricesMatchTheirParts) {
+  ThreadPool pool(2);
+  std::mt19937 rng(99);
+  for (const codec::Codec& c : codec::all_codecs()) {
+    const auto it = examples().find(std::string(c.id));
+    if (it == examples().end()) continue;
+    const Params& params = it->second.params.front();
+    std::vector<Encoded> parts;
+    for (const int64_t rows : {5, 3, 8}) parts.push_back(encode(c, params, {rows, 96}, rng));
+    std::vector<codec::TensorRef> refs;
+    for (const Encoded& p : parts) refs.push_back(p.ref);
+    std::unique_ptr<CpuLinear> fused;
+    try {
+      fused = prepare_cpu_fused(refs);
+    } catch (const Error& e) {
+      ASSERT_EQ(e.code(), Errc::unsupported) << c.id << ": " << e.what();
+      continue;
+    }
+    ASSERT_EQ(fused->rows(), 16);
+    for (const int64_t m : {int64_t{1}, int64_t{3}}) {
+      const auto x = random_values(static_cast<size_t>(m * 96), rng);
+      std::vector<float> y(static_cast<size_t>(m * 16), std::numeric_limits<float>::quiet_NaN());
+      fused->matmul(x.data(), m, y.data(), pool);
+      int64_t row0 = 0;
+      for (const Encoded& p : parts) {
+        const auto k = prepare_cpu(p.ref);
+        std::vector<float> part_y(static_cast<size_t>(m * k->rows()));
+        k->matmul(x.data(), m, part_y.data(), pool);
+        for (int64_t i = 0; i < m; ++i)
+          for (int64_t r = 0; r < k->rows(); ++r)
+            EXPECT_NEAR(y[i * 16 + row0 + r], part_y[i * k->rows() + r], 1e-5f) << c.id;
+        row0 += k->rows();
+      }
+    }
+    const Encoded other_width = encode(c, params, {4, 64}, rng);
+    refs.push_back(other_width.ref);
+    EXPECT_THROW(prepare_cpu_fused(refs), Error) << c.id;
+  }
+}
+
+TEST(Simd, HelpersMatchScalarOnOddLengths) {
+  std::mt19937 rng(5);
+  for (const size_t n : {size_t{1}, size_t{15}, size_t{67}}) {
+    const auto a = random_values(n, rng), b = random_values(n, rng);
+    double ref = 0;
+    for (size_t i = 0; i < n; ++i) ref += static_cast<double>(a[i]) * b[i];
+    EXPECT_NEAR(simd::dot(a.data(), b.data(), n), ref, 1e-4);
+    std::vector<uint16_t> h(n);
+    for (size_t i = 0; i < n; ++i) h[i] = f32_to_bf16(a[i]);
+    std::vector<float> out(n);
+    simd::to_f32(DType::BF16, h.data(), n, out.data());
+    for (size_t i = 0; i < n; ++i) EXPECT_EQ(out[i], bf16_to_f32(h[i]));
+    for (size_t i = 0; i < n; ++i) h[i] = f32_to_f16(a[i]);
+    simd::to_f32(DType::F16, h.data(), n, out.data());
+    for (size_t i = 0; i < n; ++i) EXPECT_EQ(out[i], f16_to_f32(h[i]));
+  }
+}
+
+}  // namespace
+}  // namespace lowbit::kernels
