@@ -1,6 +1,5 @@
 #include "lowbit/io/json.h"
 
-#include <unordered_set>
 #include <vector>
 
 #include "lowbit/core/error.h"
@@ -12,48 +11,6 @@ using nlohmann::json;
 
 namespace {
 
-// Watches the parser's events: one set of keys per open object, so that a repeated key is caught before
-// nlohmann overwrites the first value with the second.
-class StrictParseWatcher {
- public:
-  StrictParseWatcher(std::string_view op, std::string_view source, size_t max_depth)
-      : op_(op), source_(source), max_depth_(max_depth) {}
-
-  bool operator()(int depth, json::parse_event_t event, json& parsed) {
-    switch (event) {
-      case json::parse_event_t::object_start:
-        check_depth(depth);
-        keys_.emplace_back();
-        break;
-      case json::parse_event_t::array_start:
-        check_depth(depth);
-        break;
-      case json::parse_event_t::object_end:
-        keys_.pop_back();
-        break;
-      case json::parse_event_t::key:
-        if (!keys_.back().insert(parsed.get_ref<const std::string&>()).second)
-          fail(Errc::duplicate, "[{}] {}: key {} appears twice in one object", op_, source_,
-               quote(parsed.get_ref<const std::string&>()));
-        break;
-      default:
-        break;
-    }
-    return true;
-  }
-
- private:
-  void check_depth(int depth) const {
-    if (static_cast<size_t>(depth) >= max_depth_)
-      fail(Errc::limit, "[{}] {}: JSON nested deeper than {} levels", op_, source_, max_depth_);
-  }
-
-  std::string_view op_;
-  std::string_view source_;
-  size_t max_depth_;
-  std::vector<std::unordered_set<std::string>> keys_;
-};
-
 // A library message made safe for a one-line error: printable ASCII only, bounded length.
 std::string printable(std::string_view message) {
   constexpr size_t kMaxShown = 200;
@@ -63,13 +20,93 @@ std::string printable(std::string_view message) {
   return out;
 }
 
+// Builds the document from nlohmann's SAX events, as its own DOM parser does, but refuses a key that the
+// object being built already holds (nlohmann would keep the last value without a word) and nesting beyond
+// max_depth.
+class StrictDomBuilder {
+ public:
+  StrictDomBuilder(std::string_view op, std::string_view source, size_t max_depth)
+      : op_(op), source_(source), max_depth_(max_depth) {}
+
+  json take() { return std::move(root_); }
+
+  bool null() { return place(nullptr); }
+  bool boolean(bool v) { return place(v); }
+  bool number_integer(json::number_integer_t v) { return place(v); }
+  bool number_unsigned(json::number_unsigned_t v) { return place(v); }
+  bool number_float(json::number_float_t v, const json::string_t&) { return place(v); }
+  bool string(json::string_t& v) { return place(std::move(v)); }
+  bool binary(json::binary_t& v) { return place(json::binary(v)); }
+
+  bool start_object(size_t) { return open(json::value_t::object); }
+  bool start_array(size_t) { return open(json::value_t::array); }
+  bool end_object() { return close(); }
+  bool end_array() { return close(); }
+
+  bool key(json::string_t& k) {
+    auto& object = open_.back()->get_ref<json::object_t&>();
+    const auto [it, fresh] = object.try_emplace(std::move(k));  // leaves k alone when it is already there
+    if (!fresh) fail(Errc::duplicate, "[{}] {}: key {} appears twice in one object", op_, source_, quote(k));
+    slot_ = &it->second;
+    return true;
+  }
+
+  bool parse_error(size_t, const std::string&, const json::exception& e) {
+    fail(Errc::format, "[{}] {}: invalid JSON: {}", op_, source_, printable(e.what()));
+  }
+
+ private:
+  // Puts a value where the parser is: the root, the end of the open array, or the slot of the last key.
+  json* put(json&& v) {
+    if (open_.empty()) {
+      root_ = std::move(v);
+      return &root_;
+    }
+    if (json& parent = *open_.back(); parent.is_array()) {
+      auto& array = parent.get_ref<json::array_t&>();
+      array.push_back(std::move(v));
+      return &array.back();
+    }
+    *slot_ = std::move(v);
+    return slot_;
+  }
+
+  bool place(json&& v) {
+    put(std::move(v));
+    return true;
+  }
+
+  bool open(json::value_t kind) {
+    if (open_.size() >= max_depth_)
+      fail(Errc::limit, "[{}] {}: JSON nested deeper than {} levels", op_, source_, max_depth_);
+    open_.push_back(put(json(kind)));
+    return true;
+  }
+
+  bool close() {
+    open_.pop_back();
+    return true;
+  }
+
+  std::string_view op_;
+  std::string_view source_;
+  size_t max_depth_;
+  json root_;
+  std::vector<json*> open_;  // arrays and objects being filled, innermost last
+  json* slot_ = nullptr;     // where the value after the last key goes
+};
+
 }  // namespace
 
 json parse_json(std::string_view text, std::string_view op, std::string_view source, size_t max_depth) {
-  StrictParseWatcher watcher(op, source, max_depth);
+  // nlohmann stops at a NUL byte as if the input ended there; JSON allows none outside escapes.
+  if (const size_t nul = text.find('\0'); nul != std::string_view::npos)
+    fail(Errc::format, "[{}] {}: invalid JSON: NUL byte at offset {}", op, source, nul);
+  StrictDomBuilder builder(op, source, max_depth);
   try {
-    return json::parse(text.begin(), text.end(), std::ref(watcher), /*allow_exceptions=*/true,
-                       /*ignore_comments=*/false);
+    json::sax_parse(text.begin(), text.end(), &builder, json::input_format_t::json, /*strict=*/true,
+                    /*ignore_comments=*/false);
+    return builder.take();
   } catch (const json::exception& e) {
     fail(Errc::format, "[{}] {}: invalid JSON: {}", op, source, printable(e.what()));
   }
