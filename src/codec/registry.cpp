@@ -9,6 +9,8 @@
 #include "lowbit/codec/codec.h"
 #include "lowbit/codec/dense.h"
 #include "lowbit/codec/trellis.h"
+#include "lowbit/codec/offset_scale.h"
+#include "lowbit/codec/two_plane.h"
 #include "lowbit/core/checked.h"
 #include "lowbit/core/error.h"
 
@@ -23,6 +25,12 @@ constexpr std::array kCodecs{
           affine::arrays, affine::check_content, affine::decode_rows, affine::encode, affine::quantize_column},
     Codec{"trellis", "QTIP-style tail-biting bitshift trellis (1MAD / 3INST codes), Hadamard-rotated, 1-4 bits",
           trellis::validate, trellis::arrays, trellis::check_content, trellis::decode_rows, trellis::encode},
+    Codec{"offset_scale", "seed 001 q3 / q3_full8 / q4: w = scale * (q - offset) per group of 64, f16 scales",
+          offset_scale::validate, offset_scale::arrays, offset_scale::check_content, offset_scale::decode_rows,
+          offset_scale::encode, offset_scale::quantize_column},
+    Codec{"two_plane", "seed 000 five-state: sum of two 2-bit affine planes per group of 128",
+          two_plane::validate, two_plane::arrays, two_plane::check_content, two_plane::decode_rows,
+          two_plane::encode},
 };
 
 consteval bool every_row_complete() {

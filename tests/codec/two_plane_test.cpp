@@ -1,0 +1,274 @@
+#include "lowbit/codec/two_plane.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "lowbit/codec/codec.h"
+#include "lowbit/core/error.h"
+
+namespace lowbit::codec {
+namespace {
+
+namespace tp = two_plane;
+
+Params params(const char* storage, const char* metadata, const char* dtype = "bf16") {
+  return {{"storage", storage}, {"metadata", metadata}, {"scale_dtype", dtype}};
+}
+
+std::vector<float> random_weights(int64_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 0.02f);
+  std::vector<float> w(static_cast<size_t>(n));
+  for (float& v : w) v = normal(rng);
+  return w;
+}
+
+TensorRef ref(const EncodedTensor& e, const Shape& shape) {
+  return {&codec_or_throw("two_plane", "test"), e.params, shape, e.views()};
+}
+
+template <class Fn>
+void expect_errc(Errc code, Fn&& fn) {
+  try {
+    fn();
+    FAIL() << "expected " << errc_name(code);
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), code) << e.what();
+  }
+}
+
+double squared_error(const std::vector<float>& a, const std::vector<float>& b) {
+  double e = 0.0;
+  for (size_t i = 0; i < a.size(); ++i) e += std::pow(static_cast<double>(a[i]) - b[i], 2);
+  return e;
+}
+
+// A row whose weights are exactly the states {-2..2} times 0.5 (exact in bf16), so every encoder recovers them.
+std::vector<float> state_row(const std::vector<int>& states, int64_t cols) {
+  std::vector<float> w(static_cast<size_t>(cols), 0.0f);
+  for (size_t j = 0; j < states.size(); ++j) w[j] = 0.5f * static_cast<float>(states[j]);
+  return w;
+}
+
+const std::vector<int> kStates{-2, -1, 0, 1, 2, -2, -1, 0, 1, 2, 2, 2};
+
+TEST(TwoPlane, Quint5GoldenDigitOrder) {
+  // digits 0 1 2 3 4 0 1 2 3 4 (first weight least significant): 5 + 50 + 375 + 2500 + 15625 + 156250
+  // + 1171875 + 7812500 = 9159180 = 0x8BC20C, stored little-endian
+  const uint8_t digits[10] = {0, 1, 2, 3, 4, 0, 1, 2, 3, 4};
+  uint8_t chunk[3];
+  tp::quint5_pack(digits, 10, chunk);
+  EXPECT_EQ(chunk[0], 0x0C);
+  EXPECT_EQ(chunk[1], 0xC2);
+  EXPECT_EQ(chunk[2], 0x8B);
+  uint8_t back[10];
+  ASSERT_TRUE(tp::quint5_unpack(chunk, 10, back));
+  for (int j = 0; j < 10; ++j) EXPECT_EQ(back[j], digits[j]);
+  const uint8_t over[3] = {0xF9, 0x02, 0x95};  // 9765625 = 5^10
+  EXPECT_FALSE(tp::quint5_unpack(over, 10, back));
+  const uint8_t tail[3] = {0xE0, 0xF5, 0x05};  // 390624 = 5^8 - 1: eight 4s, fine for n = 8 only
+  EXPECT_TRUE(tp::quint5_unpack(tail, 8, back));
+  EXPECT_FALSE(tp::quint5_unpack(tail, 7, back));
+}
+
+TEST(TwoPlane, EncodedStatesInEveryStorage) {
+  const Shape shape{1, 128};
+  const auto w = state_row(kStates, 128);
+  // planes: state -> (base, residual) = (0,0) (0,1) (1,1) (2,1) (2,2); MLX 2 bits per code, LSB first
+  {
+    const auto e = tp::encode(params("planes", "full"), shape, w.data(), {});
+    const auto* base = e.arrays[0].second.view().as<uint32_t>();
+    const auto* residual = e.arrays[1].second.view().as<uint32_t>();
+    // base codes 0 0 1 2 2 0 0 1 2 2 2 2 then 1s; residual 0 1 1 1 2 0 1 1 1 2 2 2 then 1s
+    EXPECT_EQ(base[0], 0x55AA4290u);
+    EXPECT_EQ(residual[0], 0x55A95254u);
+    EXPECT_EQ(base[1], 0x55555555u);
+    EXPECT_EQ(f32_to_bf16(0.5f), e.arrays[2].second.view().as<uint16_t>()[0]);  // base scale = alpha
+    EXPECT_EQ(f32_to_bf16(-0.5f), e.arrays[3].second.view().as<uint16_t>()[0]);  // bias = -scale
+  }
+  // quint5: digits = state + 2 = 0 1 2 3 4 0 1 2 3 4 | 4 4 2 2 ...
+  {
+    const auto e = tp::encode(params("quint5", "slim"), shape, w.data(), {});
+    const auto* codes = e.arrays[0].second.view().as<uint8_t>();
+    ASSERT_EQ(e.arrays[0].second.shape, (Shape{1, 39}));  // ceil(128 / 10) * 3
+    EXPECT_EQ(codes[0], 0x0C);
+    EXPECT_EQ(codes[1], 0xC2);
+    EXPECT_EQ(codes[2], 0x8B);
+    // 4 + 4*5 + 2*(25 + ... + 5^9) = 24 + 2 * (9765625 - 25) / 4 = 4882824 = 0x4A8188
+    EXPECT_EQ(codes[3], 0x88);
+    EXPECT_EQ(codes[4], 0x81);
+    EXPECT_EQ(codes[5], 0x4A);
+    // last chunk: 8 digits of state 0 = 2 * (5^8 - 1) / 4 = 195312 = 0x02FAF0
+    EXPECT_EQ(codes[36], 0xF0);
+    EXPECT_EQ(codes[37], 0xFA);
+    EXPECT_EQ(codes[38], 0x02);
+  }
+  // trit3: digits 0 1 2 3 4 0 1 2 as 3-bit LSB-first codes: 000 100 010 110 001 000 100 010 = 0x88 0x46 0x44
+  {
+    const auto e = tp::encode(params("trit3", "full", "f32"), shape, w.data(), {});
+    const auto* codes = e.arrays[0].second.view().as<uint8_t>();
+    ASSERT_EQ(e.arrays[0].second.shape, (Shape{1, 48}));
+    for (size_t j = 0; j < kStates.size(); ++j) {
+      const uint64_t bit = j * 3;
+      const uint32_t d = ((codes[bit / 8] | (codes[bit / 8 + 1] << 8)) >> (bit % 8)) & 7u;
+      EXPECT_EQ(d, static_cast<uint32_t>(kStates[j] + 2)) << j;
+    }
+    EXPECT_EQ(codes[0], 0x88);
+    EXPECT_EQ(codes[1], 0x46);
+    EXPECT_EQ(codes[2], 0x44);
+  }
+}
+
+TEST(TwoPlane, RowPlaneCodesFollowTheStateMapping) {
+  const Shape shape{1, 128};
+  const auto w = state_row(kStates, 128);
+  for (const char* storage : {"planes", "quint5", "trit3"}) {
+    const auto e = tp::encode(params(storage, "full"), shape, w.data(), {});
+    const auto l = tp::layout(e.params, shape);
+    std::vector<uint8_t> base(128), residual(128);
+    tp::row_plane_codes(l, e.views(), 0, base.data(), residual.data());
+    for (size_t j = 0; j < kStates.size(); ++j) {
+      EXPECT_EQ(base[j], tp::kStateBase[kStates[j] + 2]) << storage;
+      EXPECT_EQ(residual[j], tp::kStateResidual[kStates[j] + 2]) << storage;
+    }
+    const auto d = decode_all(ref(e, shape));
+    for (size_t j = 0; j < 128; ++j) EXPECT_EQ(d[j], w[j]) << storage << " " << j;
+  }
+}
+
+TEST(TwoPlane, SlimMetadataExpandsToContiguousPerGroupArrays) {
+  const Shape shape{3, 300};
+  const auto w = random_weights(900, 2);
+  const auto e = tp::encode(params("planes", "slim"), shape, w.data(), {});
+  ASSERT_EQ(e.arrays[2].first, "base_alpha");
+  ASSERT_EQ(e.arrays[3].first, "residual_scale");
+  const auto l = tp::layout(e.params, shape);
+  ASSERT_EQ(l.groups_per_row(), 3);
+  const auto m = tp::expand_metadata(l, e.views());
+  ASSERT_EQ(m.base_scales.size(), 9u);
+  const float residual = bf16_to_f32(e.arrays[3].second.view().as<uint16_t>()[0]);
+  for (int64_t r = 0; r < 3; ++r) {
+    const float alpha = bf16_to_f32(e.arrays[2].second.view().as<uint16_t>()[r]);
+    for (int64_t g = 0; g < 3; ++g) {
+      const size_t i = static_cast<size_t>(r * 3 + g);
+      EXPECT_EQ(m.base_scales[i], alpha);
+      EXPECT_EQ(m.base_biases[i], -alpha);
+      EXPECT_EQ(m.residual_scales[i], residual);
+      EXPECT_EQ(m.residual_biases[i], -residual);
+    }
+  }
+}
+
+TEST(TwoPlane, StoragesDecodeIdentically) {
+  const Shape shape{5, 200};
+  const auto w = random_weights(1000, 3);
+  for (const char* metadata : {"full", "slim"}) {
+    const auto planes = decode_all(ref(tp::encode(params("planes", metadata), shape, w.data(), {}), shape));
+    for (const char* storage : {"quint5", "trit3"}) {
+      const auto e = tp::encode(params(storage, metadata), shape, w.data(), {});
+      ASSERT_NO_THROW(validate_tensor(ref(e, shape), "t"));
+      EXPECT_EQ(decode_all(ref(e, shape)), planes) << storage << " " << metadata;
+    }
+  }
+}
+
+TEST(TwoPlane, EncodeErrorBoundsAndRefinement) {
+  for (int64_t cols : {128, 200, 512}) {
+    const Shape shape{6, cols};
+    const auto w = random_weights(6 * cols, static_cast<uint64_t>(cols));
+    double energy = 0.0;
+    for (float v : w) energy += static_cast<double>(v) * v;
+    for (const char* metadata : {"full", "slim"}) {
+      const auto e = tp::encode(params("planes", metadata, "f32"), shape, w.data(), {});
+      const auto d = decode_all(ref(e, shape));
+      const double basic = squared_error(d, w);
+      // five uniform levels on a Gaussian: relative error about 0.08 (0.12 allows a slim residual scale)
+      EXPECT_LT(basic / energy, 0.12) << metadata << " cols " << cols;
+      if (std::string(metadata) == "full") {
+        // alpha of the row: every weight within half a step of its level or beyond the outer level
+        const float alpha = e.arrays[2].second.view().as<float>()[0];
+        for (int64_t c = 0; c < cols; ++c) {
+          const float x = w[static_cast<size_t>(c)], y = d[static_cast<size_t>(c)];
+          if (std::fabs(x) <= 2.5f * alpha) EXPECT_LE(std::fabs(x - y), 0.5f * alpha * 1.0001f);
+        }
+      }
+      EncodeOptions refine;
+      refine.search = true;
+      const auto r = decode_all(ref(tp::encode(params("planes", metadata, "f32"), shape, w.data(), refine), shape));
+      EXPECT_LE(squared_error(r, w), basic * (1 + 1e-9)) << metadata;
+    }
+  }
+}
+
+TEST(TwoPlane, PaddingIsStateZeroAndNeverDecoded) {
+  const Shape shape{2, 130};
+  const auto w = random_weights(260, 4);
+  for (const char* storage : {"planes", "quint5", "trit3"}) {
+    const auto e = tp::encode(params(storage, "full"), shape, w.data(), {});
+    EXPECT_EQ(e.params["padded_cols"], 256);
+    const auto l = tp::layout(e.params, shape);
+    std::vector<uint8_t> base(256), residual(256);
+    tp::row_plane_codes(l, e.views(), 1, base.data(), residual.data());
+    for (int64_t c = 130; c < 256; ++c) EXPECT_EQ(base[c] * 4 + residual[c], 5);
+    EXPECT_EQ(decode_all(ref(e, shape)).size(), 260u);
+  }
+}
+
+TEST(TwoPlane, RejectsInvalidParams) {
+  const Shape shape{2, 128};
+  expect_errc(Errc::codec_params, [&] { tp::validate(Params{{"storage", "quint4"}}, shape); });
+  expect_errc(Errc::codec_params, [&] { tp::validate(Params{{"metadata", "thin"}}, shape); });
+  expect_errc(Errc::codec_params, [&] { tp::validate(Params{{"scale_dtype", "f64"}}, shape); });
+  expect_errc(Errc::codec_params, [&] { tp::validate(Params{{"group_size", 64}}, shape); });
+  expect_errc(Errc::codec_params, [&] { tp::validate(Params{{"padded_cols", 256}}, shape); });
+  expect_errc(Errc::codec_params, [&] { tp::validate(Params{{"bits", 2}}, shape); });
+  expect_errc(Errc::codec_params, [&] { tp::validate(Params{{"storage", true}}, shape); });
+  expect_errc(Errc::codec_params, [&] { tp::validate(Params::array(), shape); });
+  expect_errc(Errc::shape, [&] { tp::validate(Params::object(), {128}); });
+  expect_errc(Errc::shape, [&] { tp::validate(Params::object(), {0, 128}); });
+  expect_errc(Errc::overflow, [&] { tp::validate(Params::object(), {INT64_MAX / 4, INT64_MAX / 4}); });
+  EXPECT_NO_THROW(tp::validate(Params::object(), {1, 1}));
+}
+
+TEST(TwoPlane, RejectsReservedCodesAndNonFiniteMetadata) {
+  const Shape shape{2, 100};
+  const auto w = random_weights(200, 5);
+  const auto rejects = [&](const EncodedTensor& e, Errc code) {
+    expect_errc(code, [&] { validate_tensor(ref(e, shape), "t"); });
+  };
+  {
+    auto e = tp::encode(params("quint5", "full"), shape, w.data(), {});
+    uint8_t* row1 = e.arrays[0].second.as<uint8_t>() + 39;
+    row1[0] = 0xF9, row1[1] = 0x02, row1[2] = 0x95;  // 5^10
+    rejects(e, Errc::reserved_code);
+    e = tp::encode(params("quint5", "full"), shape, w.data(), {});
+    row1 = e.arrays[0].second.as<uint8_t>() + 39;
+    row1[36] = 0xE0, row1[37] = 0xF5, row1[38] = 0x05;  // 5^8 - 1 in the 8-digit tail: state 2 in padding
+    rejects(e, Errc::reserved_code);
+    row1[36] = 0xE1, row1[37] = 0xF5, row1[38] = 0x05;  // 5^8: beyond an 8-digit chunk
+    rejects(e, Errc::reserved_code);
+  }
+  {
+    auto e = tp::encode(params("trit3", "slim"), shape, w.data(), {});
+    e.arrays[0].second.as<uint8_t>()[48] |= 0x05;  // row 1, weight 0: digit 5 (or higher)
+    rejects(e, Errc::reserved_code);
+  }
+  {
+    auto e = tp::encode(params("planes", "full"), shape, w.data(), {});
+    e.arrays[0].second.as<uint32_t>()[8 + 7] ^= 0x3u;  // row 1, column 112: padding base code changed
+    rejects(e, Errc::reserved_code);
+  }
+  for (const char* metadata : {"full", "slim"})
+    for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+      auto e = tp::encode(params("planes", metadata), shape, w.data(), {});
+      e.arrays[3].second.as<uint16_t>()[0] = f32_to_bf16(bad);
+      rejects(e, Errc::non_finite);
+    }
+}
+
+}  // namespace
+}  // namespace lowbit::codec
