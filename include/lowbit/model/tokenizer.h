@@ -21,6 +21,10 @@ class Tokenizer {
   // The bytes of one token as they appear in decoded text (byte fallback resolved). Streaming decode
   // concatenates these; partial UTF-8 sequences are the caller's to buffer.
   virtual std::string token_text(int32_t id) const = 0;
+  // The bytes of `id` when it follows `prev` in a stream (prev = -1 at the start). SentencePiece-style
+  // tokenizers drop the dummy-prefix space of the first piece after BOS here; the default is token_text(id).
+  virtual std::string token_text_after(int32_t prev, int32_t id) const { return token_text(id); }
+  // Concatenates token_text_after over ids, leaving out BOS and EOS tokens.
   std::string decode(const std::vector<int32_t>& ids) const;
   virtual int32_t vocab_size() const = 0;
   virtual std::optional<int32_t> bos_id() const = 0;

@@ -1,0 +1,64 @@
+// The hyperparameters of a Llama-family decoder, whatever file they came from (llama2.c header, HF
+// config.json, GGUF metadata, artifact config). Architectures differ only in the flags below.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace lowbit::model {
+
+// How RoPE pairs the dimensions of a head: Hugging Face rotates element i with i + head_dim/2 ("half");
+// llama2.c and GGUF's llama rotate adjacent pairs (2i, 2i+1) ("interleaved"). The q/k weight rows of the two
+// layouts differ by a fixed permutation (see permute_rope_rows in model.h).
+enum class RopeStyle { half, interleaved };
+
+// RoPE frequency scaling as in HF's rope_scaling: none, "linear" (positions / factor) or "llama3"
+// (per-frequency blend between scaled and unscaled).
+struct RopeScaling {
+  enum class Kind { none, linear, llama3 } kind = Kind::none;
+  double factor = 1.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  int64_t original_max_position = 8192;
+};
+
+struct ModelConfig {
+  std::string arch = "llama";  // the architecture table's name (architecture.h)
+  int64_t dim = 0;             // hidden size
+  int64_t n_layers = 0;
+  int64_t n_heads = 0;
+  int64_t n_kv_heads = 0;
+  int64_t head_dim = 0;  // usually dim / n_heads; qwen3 sets it explicitly
+  int64_t hidden_dim = 0;  // MLP intermediate size
+  int64_t vocab = 0;
+  int64_t max_seq = 2048;
+  double rope_theta = 10000.0;
+  RopeScaling rope_scaling;
+  RopeStyle rope_style = RopeStyle::half;
+  float norm_eps = 1e-5f;
+  bool tied_embeddings = false;
+  bool qkv_bias = false;  // qwen2
+  bool qk_norm = false;   // qwen3: RMSNorm over each head of q and k before RoPE
+  std::vector<int32_t> eos_ids;  // from config.json / generation_config.json when given
+  std::optional<int32_t> bos_id;
+
+  int64_t q_dim() const { return n_heads * head_dim; }
+  int64_t kv_dim() const { return n_kv_heads * head_dim; }
+};
+
+// Checks ranges and divisibility (Errc::format / Errc::limit naming `source` and the field).
+void validate_config(const ModelConfig& c, std::string_view source);
+
+// The per-pair inverse frequencies [head_dim / 2] with rope_scaling applied, computed in f32 as HF and
+// llama2.c do.
+std::vector<float> rope_inv_freq(const ModelConfig& c);
+
+// HF config.json fields for this config (the subset a Llama-family loader reads back).
+nlohmann::json config_to_hf_json(const ModelConfig& c);
+
+}  // namespace lowbit::model

@@ -1,0 +1,100 @@
+// The in-memory model: a config plus weights under Hugging Face Llama names, each a codec::TensorRef so that
+// quantized weights stay packed, and the prepared CPU kernels the forward pass runs. Loaders (llama2.c, HF
+// safetensors, lowbit artifacts, GGUF) fill a ModelBuilder; load_model() picks the loader from the path.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "lowbit/codec/codec.h"
+#include "lowbit/kernels/cpu.h"
+#include "lowbit/model/config.h"
+#include "lowbit/model/kv_cache.h"
+#include "lowbit/model/tokenizer.h"
+
+namespace lowbit {
+class ThreadPool;
+}
+
+namespace lowbit::model {
+
+struct NamedTensor {
+  std::string name;  // HF name, e.g. "model.layers.0.self_attn.q_proj.weight"
+  codec::TensorRef ref;
+};
+
+struct LayerWeights {
+  std::unique_ptr<kernels::CpuLinear> wq, wk, wv, wo;       // [q_dim, dim], [kv_dim, dim] x2, [dim, q_dim]
+  std::unique_ptr<kernels::CpuLinear> gate, up, down;       // [hidden, dim] x2, [dim, hidden]
+  std::vector<float> attn_norm, ffn_norm;                   // [dim]
+  std::vector<float> q_bias, k_bias, v_bias;                // [q_dim], [kv_dim] x2 (qwen2), else empty
+  std::vector<float> q_norm, k_norm;                        // [head_dim] (qwen3), else empty
+};
+
+class Model {
+ public:
+  ModelConfig config;
+  std::vector<NamedTensor> tensors;  // every weight, in load order
+  std::unique_ptr<kernels::CpuLinear> embed;    // [vocab, dim], rows gathered
+  std::unique_ptr<kernels::CpuLinear> lm_head;  // [vocab, dim]; the embedding's arrays when tied
+  std::vector<float> final_norm;                // [dim]
+  std::vector<LayerWeights> layers;
+  std::vector<float> rope_inv_freq;             // [head_dim / 2], see config.h
+
+  const NamedTensor* find(std::string_view name) const;
+  // Keeps the storage the TensorRefs point into alive (mapped files, owned buffers, readers).
+  std::vector<std::shared_ptr<const void>> keep_alive;
+};
+
+// Collects named tensors and their storage, then validates them and prepares the kernels.
+class ModelBuilder {
+ public:
+  // A dense f32 tensor whose values the builder owns.
+  void add_f32(std::string name, Shape shape, std::vector<float> values);
+  // A tensor whose arrays live in storage kept alive by keep_alive().
+  void add(std::string name, codec::TensorRef ref);
+  void keep_alive(std::shared_ptr<const void> owner);
+  bool contains(std::string_view name) const;
+  // Validates every tensor's shape against the config (Errc::shape / Errc::format naming `source` and the
+  // tensor) and prepares the kernels.
+  std::unique_ptr<Model> finish(const ModelConfig& config, std::string_view source);
+
+ private:
+  std::unique_ptr<Model> model_ = std::make_unique<Model>();
+  std::shared_ptr<std::deque<std::vector<float>>> owned_ = std::make_shared<std::deque<std::vector<float>>>();
+};
+
+// A dense f32 TensorRef viewing `values` (which must outlive it).
+codec::TensorRef dense_f32_ref(Shape shape, std::span<const float> values);
+
+// Converts the rows of a q or k projection [n_heads * head_dim, cols] between RoPE layouts, head by head:
+// interleaved row 2i + j <-> half row j * head_dim/2 + i (llama2.c export.py's permute).
+std::vector<float> permute_rope_rows(std::span<const float> w, int64_t n_heads, int64_t head_dim, int64_t cols,
+                                     RopeStyle from, RopeStyle to);
+
+struct LoadOptions {
+  std::optional<int64_t> max_seq;  // caps config.max_seq (and so the KV cache a caller may allocate)
+};
+
+// Loads a llama2.c .bin checkpoint, a Hugging Face directory (config.json + safetensors) or a lowbit
+// artifact directory (manifest.json). The format is detected from the path (see src/model/load.cpp).
+std::unique_ptr<Model> load_model(const std::filesystem::path& path, const LoadOptions& options = {});
+
+// The tokenizer for a model: `tokenizer_file` when given (llama2.c .bin, tokenizer.json, tokenizer.model),
+// else the one beside or inside the model.
+std::unique_ptr<Tokenizer> load_tokenizer(const std::filesystem::path& model_path,
+                                          const std::optional<std::filesystem::path>& tokenizer_file);
+
+// Runs tokens[0..m) at positions pos..pos+m-1, appending their keys and values to the cache.
+// all_logits: logits is [m, vocab]; otherwise [vocab], for the last token only.
+// m > 1 goes through the batched matmul kernels (prefill), m == 1 through matvec (decode).
+void forward(const Model& model, KvCache& cache, std::span<const int32_t> tokens, int64_t pos, float* logits,
+             bool all_logits, ThreadPool& pool);
+
+}  // namespace lowbit::model

@@ -1,0 +1,120 @@
+// HF directories in and out.
+#include "lowbit/model/hf.h"
+
+#include <system_error>
+
+#include "lowbit/core/checked.h"
+#include "lowbit/core/error.h"
+#include "lowbit/io/json.h"
+#include "lowbit/io/safetensors.h"
+#include "lowbit/model/architecture.h"
+#include "model/json_fields.h"
+
+namespace lowbit::model {
+
+namespace {
+
+constexpr uint64_t kMaxConfigBytes = 16 << 20;
+
+std::string_view dense_dtype_name(DType t, std::string_view name, std::string_view source) {
+  switch (t) {
+    case DType::F32: return "f32";
+    case DType::F16: return "f16";
+    case DType::BF16: return "bf16";
+    default:
+      fail(Errc::unsupported, "[load_hf] {}: tensor '{}' has dtype {} (F32, F16 or BF16 expected)", source, name,
+           dtype_name(t));
+  }
+}
+
+bool wanted(const std::string& name, const ModelConfig& c) {
+  if (name.ends_with("rotary_emb.inv_freq")) return false;
+  if (name == "lm_head.weight" && c.tied_embeddings) return false;  // some exports store the tied copy too
+  return true;
+}
+
+// The eos ids of generation_config.json, which override config.json's when present.
+void read_generation_config(const std::filesystem::path& dir, ModelConfig& c) {
+  const auto path = dir / "generation_config.json";
+  if (!std::filesystem::is_regular_file(path)) return;
+  const auto j = io::read_json_file(path, "load_hf", kMaxConfigBytes);
+  if (auto ids = json_ids(j, "eos_token_id", path.string()); !ids.empty()) c.eos_ids = std::move(ids);
+}
+
+// Permutes q/k rows (and their biases) to the half-rotation layout HF files use.
+std::vector<float> hf_layout_values(const Model& model, const NamedTensor& t) {
+  std::vector<float> values = codec::decode_all(t.ref);
+  const ModelConfig& c = model.config;
+  if (c.rope_style == RopeStyle::half) return values;
+  const bool q = t.name.ends_with("self_attn.q_proj.weight") || t.name.ends_with("self_attn.q_proj.bias");
+  const bool k = t.name.ends_with("self_attn.k_proj.weight") || t.name.ends_with("self_attn.k_proj.bias");
+  if (!q && !k) return values;
+  const int64_t heads = q ? c.n_heads : c.n_kv_heads;
+  const int64_t cols = t.ref.shape.size() == 2 ? t.ref.shape[1] : 1;
+  return permute_rope_rows(values, heads, c.head_dim, cols, c.rope_style, RopeStyle::half);
+}
+
+}  // namespace
+
+std::unique_ptr<Model> load_hf(const std::filesystem::path& dir, const LoadOptions& options) {
+  const auto config_path = dir / "config.json";
+  const std::string source = config_path.string();
+  ModelConfig c = parse_hf_config(io::read_json_file(config_path, "load_hf", kMaxConfigBytes), source);
+  read_generation_config(dir, c);
+  if (options.max_seq) c.max_seq = std::min(c.max_seq, *options.max_seq);
+
+  auto ckpt = std::make_shared<io::SafetensorsCheckpoint>(io::SafetensorsCheckpoint::open(dir));
+  ModelBuilder b;
+  b.keep_alive(ckpt);
+  const codec::Codec& dense = codec::codec_or_throw("dense", "load_hf");
+  for (const std::string& name : ckpt->names()) {
+    if (!wanted(name, c)) continue;
+    const TensorView view = ckpt->tensor(name);
+    codec::TensorRef ref;
+    ref.codec = &dense;
+    ref.params = {{"dtype", dense_dtype_name(view.dtype, name, source)}};
+    ref.shape = view.shape;
+    ref.arrays.items.emplace_back("data", view);
+    b.add(name, std::move(ref));
+  }
+  return b.finish(c, dir.string());
+}
+
+void write_hf(const Model& model, const std::filesystem::path& out,
+              const std::vector<std::filesystem::path>& extra_files) {
+  std::error_code ec;
+  if (std::filesystem::exists(out, ec)) fail(Errc::exists, "[convert] {}: already exists", out.string());
+  if (!std::filesystem::create_directories(out, ec))
+    fail(Errc::io, "[convert] {}: cannot create the directory: {}", out.string(), ec.message());
+  ModelConfig hf_config = model.config;
+  hf_config.rope_style = RopeStyle::half;
+  {
+    const std::string text = config_to_hf_json(hf_config).dump(2) + "\n";
+    std::FILE* f = std::fopen((out / "config.json").c_str(), "wb");
+    if (!f) fail_errno("convert", (out / "config.json").string());
+    const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
+    if (std::fclose(f) != 0 || !ok) fail_errno("convert", (out / "config.json").string());
+  }
+  io::SafetensorsWriter writer(out / "model.safetensors", {{"format", "pt"}});
+  for (const auto& t : model.tensors) writer.declare(t.name, DType::F32, t.ref.shape);
+  for (const auto& t : model.tensors) {
+    const std::vector<float> values = hf_layout_values(model, t);
+    writer.write(t.name, std::as_bytes(std::span(values)));
+  }
+  writer.finish();
+  for (const auto& file : extra_files) {
+    std::filesystem::copy_file(file, out / file.filename(), ec);
+    if (ec) fail(Errc::io, "[convert] {}: {}", file.string(), ec.message());
+  }
+}
+
+std::vector<std::filesystem::path> tokenizer_files_beside(const std::filesystem::path& model_path) {
+  std::vector<std::filesystem::path> files;
+  if (!std::filesystem::is_directory(model_path)) return files;
+  for (const char* name : {"tokenizer.json", "tokenizer_config.json", "tokenizer.model", "generation_config.json",
+                           "special_tokens_map.json"})
+    if (std::filesystem::is_regular_file(model_path / name)) files.push_back(model_path / name);
+  return files;
+}
+
+}  // namespace lowbit::model

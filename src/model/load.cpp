@@ -1,0 +1,54 @@
+// Format detection: the one place that knows every model and tokenizer source. A new format (GGUF, MLX) is
+// one more branch here and a loader of its own.
+#include <cstring>
+#include <fstream>
+
+#include "lowbit/core/error.h"
+#include "lowbit/model/gguf_model.h"
+#include "lowbit/model/hf.h"
+#include "lowbit/model/llama2c.h"
+#include "lowbit/model/model.h"
+#include "lowbit/model/tokenizers.h"
+
+namespace lowbit::model {
+
+namespace {
+
+bool has_magic(const std::filesystem::path& path, std::string_view magic) {
+  std::ifstream in(path, std::ios::binary);
+  std::string head(magic.size(), '\0');
+  return in.read(head.data(), static_cast<std::streamsize>(head.size())) && head == magic;
+}
+
+}  // namespace
+
+std::unique_ptr<Model> load_model(const std::filesystem::path& path, const LoadOptions& options) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    if (std::filesystem::exists(path / "config.json")) return load_hf(path, options);
+    fail(Errc::format, "[load_model] {}: a directory without config.json or manifest.json", path.string());
+  }
+  if (!std::filesystem::is_regular_file(path, ec)) fail(Errc::missing_file, "[load_model] {}: no such file", path.string());
+  if (has_magic(path, "GGUF")) return load_gguf_model(path, options);
+  return load_llama2c(path, options);
+}
+
+std::unique_ptr<Tokenizer> load_tokenizer(const std::filesystem::path& model_path,
+                                          const std::optional<std::filesystem::path>& tokenizer_file) {
+  if (tokenizer_file) {
+    const auto& f = *tokenizer_file;
+    if (f.extension() == ".json") return load_hf_tokenizer(f);
+    if (f.extension() == ".model") return load_sentencepiece(f);
+    return load_llama2c_tokenizer(f);
+  }
+  std::error_code ec;
+  if (std::filesystem::is_regular_file(model_path, ec) && has_magic(model_path, "GGUF"))
+    return load_gguf_tokenizer(model_path);
+  if (std::filesystem::is_directory(model_path, ec)) {
+    if (std::filesystem::exists(model_path / "tokenizer.json")) return load_hf_tokenizer(model_path / "tokenizer.json");
+    if (std::filesystem::exists(model_path / "tokenizer.model")) return load_sentencepiece(model_path / "tokenizer.model");
+  }
+  fail(Errc::usage, "[load_tokenizer] {}: no tokenizer beside the model; pass --tokenizer FILE", model_path.string());
+}
+
+}  // namespace lowbit::model
