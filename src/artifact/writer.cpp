@@ -7,6 +7,8 @@
 
 #include <cerrno>
 #include <csignal>
+#include <functional>
+#include <span>
 #include <cstdio>
 #include <random>
 #include <regex>
@@ -182,6 +184,24 @@ struct ArtifactWriter::Impl {
     if (manifest.files.size() >= kMaxFiles) fail(Errc::limit, "[{}] {}: more than {} files", kOp, dest.string(), kMaxFiles);
   }
 
+  // Writes a non-payload file from chunks `next` returns until an empty one, fsynced and hashed.
+  void write_file(std::string file, FileRole role, const std::function<std::span<const std::byte>()>& next) {
+    if (role == FileRole::payload)
+      fail(Errc::usage, "[{}] {}: payload files are written by the writer, not copied", kOp, file);
+    check_new_file(file);
+    const fs::path path = staging / file;
+    Fd out = create_exclusive(path);
+    Sha256 hash;
+    uint64_t size = 0;
+    for (auto chunk = next(); !chunk.empty(); chunk = next()) {
+      hash.update(chunk);
+      write_all(out.get(), chunk.data(), chunk.size(), path);
+      size += chunk.size();
+    }
+    finish_file(out, path);
+    manifest.files.push_back({std::move(file), role, size, hash.hex()});
+  }
+
   void check_replaceable() const {
     if (!options.force) fail(Errc::exists, "[{}] {}: exists (use --force to replace it)", kOp, dest.string());
     if (!replaceable(dest))
@@ -278,29 +298,22 @@ void ArtifactWriter::add_dense(std::string name, const TensorView& tensor) {
 }
 
 void ArtifactWriter::add_file(const fs::path& source, FileRole role, std::string name) {
-  Impl& w = *impl_;
-  if (role == FileRole::payload)
-    fail(Errc::usage, "[{}] {}: payload files are written by the writer, not copied", kOp, source.string());
   if (name.empty()) name = source.filename().string();
-  w.check_new_file(name);
   Fd in(::open(source.c_str(), O_RDONLY | O_CLOEXEC));
   if (in.get() < 0) fail_errno(kOp, source.string());
-  const fs::path path = w.staging / name;
-  Fd out = create_exclusive(path);
-  Sha256 hash;
   std::vector<std::byte> buffer(1 << 20);
-  uint64_t size = 0;
-  for (;;) {
-    const ssize_t n = ::read(in.get(), buffer.data(), buffer.size());
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) fail_errno(kOp, source.string());
-    if (n == 0) break;
-    hash.update(buffer.data(), static_cast<size_t>(n));
-    write_all(out.get(), buffer.data(), static_cast<size_t>(n), path);
-    size += static_cast<uint64_t>(n);
-  }
-  finish_file(out, path);
-  w.manifest.files.push_back({std::move(name), role, size, hash.hex()});
+  impl_->write_file(std::move(name), role, [&]() -> std::span<const std::byte> {
+    for (;;) {
+      const ssize_t n = ::read(in.get(), buffer.data(), buffer.size());
+      if (n >= 0) return {buffer.data(), static_cast<size_t>(n)};
+      if (errno != EINTR) fail_errno(kOp, source.string());
+    }
+  });
+}
+
+void ArtifactWriter::add_file_contents(std::string name, FileRole role, std::string_view contents) {
+  auto bytes = std::as_bytes(std::span(contents));
+  impl_->write_file(std::move(name), role, [&] { return std::exchange(bytes, {}); });
 }
 
 void ArtifactWriter::set_config(nlohmann::json config) {

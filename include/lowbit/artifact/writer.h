@@ -44,6 +44,8 @@ class ArtifactWriter {
   // Copies a file into the artifact (config.json, tokenizer files, ...), fsynced and hashed. `name` defaults to
   // the source's file name.
   void add_file(const std::filesystem::path& source, FileRole role, std::string name = {});
+  // Writes a file of the given contents into the artifact (e.g. a config.json generated in memory).
+  void add_file_contents(std::string name, FileRole role, std::string_view contents);
 
   void set_config(nlohmann::json config);
   void set_provenance(Provenance provenance);
