@@ -164,7 +164,8 @@ float row_scale(const Layout& lay, const TensorView& scales, int64_t row) {
   return load_float(DType::F16, scales.bytes.data(), static_cast<size_t>(lay.per_row_scale ? row : 0));
 }
 
-// out [16, 16] (row-major) = tile (tile_row, tile_col) of W', scales applied.
+}  // namespace
+
 void decode_tile(const Layout& lay, const ArrayViews& arrays, int64_t tile_row, int64_t tile_col, float* out) {
   const TensorView& codes = arrays.at("codes");
   const TensorView& scales = arrays.at("scales");
@@ -178,8 +179,6 @@ void decode_tile(const Layout& lay, const ArrayViews& arrays, int64_t tile_row, 
     for (int c = 0; c < kTileDim; ++c) out[r * kTileDim + c] *= s;
   }
 }
-
-}  // namespace
 
 void decode_tile_row(const Layout& lay, const ArrayViews& arrays, int64_t tile_row, float* out) {
   float tile[kBlock];

@@ -40,6 +40,13 @@ const std::map<std::string, Example>& examples() {
     affine.params.push_back({{"bits", 2}, {"group_size", 128}, {"scale_dtype", "bf16"}});
     affine.widths = {1, 31, 32, 33, 200, 544};
     t["affine"] = affine;
+    Example trellis;  // small L keeps the Viterbi encodes cheap; every rotation and scale layout
+    trellis.params.push_back({{"L", 8}, {"k", 2}, {"code", "1mad"}});
+    trellis.params.push_back({{"L", 10}, {"k", 3}, {"code", "3inst"}, {"rotate", "both"}, {"scale", "tensor"}});
+    trellis.params.push_back({{"L", 8}, {"k", 4}, {"code", "1mad"}, {"rotate", "none"}});
+    trellis.params.push_back({{"L", 9}, {"k", 1}, {"code", "3inst"}, {"rotate", "none"}, {"scale", "tensor"}});
+    trellis.widths = {1, 16, 17, 100};
+    t["trellis"] = trellis;
     return t;
   }();
   return table;

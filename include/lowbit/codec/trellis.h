@@ -95,6 +95,8 @@ struct Layout {
 };
 Layout parse_layout(const Params& params, const Shape& shape);
 
+// out [16, 16] (row-major) = tile (tile_row, tile_col) of W', scales applied (code value x scale in f32).
+void decode_tile(const Layout& layout, const ArrayViews& arrays, int64_t tile_row, int64_t tile_col, float* out);
 // Decodes tile row `tile_row` (16 rows of W', all columns, scales applied) to out [16, padded_cols].
 void decode_tile_row(const Layout& layout, const ArrayViews& arrays, int64_t tile_row, float* out);
 

@@ -3,6 +3,7 @@
 
 #include "kernels/cpu/affine_kernels.h"
 #include "kernels/cpu/dense_kernels.h"
+#include "kernels/cpu/trellis_kernels.h"
 #include "lowbit/core/error.h"
 #include "lowbit/kernels/cpu.h"
 
@@ -12,6 +13,7 @@ namespace {
 constexpr std::array kCpuKernels{
     CpuKernelEntry{"dense", prepare_dense},
     CpuKernelEntry{"affine", prepare_affine},
+    CpuKernelEntry{"trellis", prepare_trellis},
 };
 }  // namespace
 
