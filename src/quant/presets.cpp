@@ -1,0 +1,65 @@
+// Built-in recipes (docs/RECIPES.md). Patterns use Hugging Face tensor names; the embedding and the head are
+// matched first so that the linears' default never reaches them.
+#include <fmt/ranges.h>
+
+#include <functional>
+#include <map>
+
+#include "lowbit/core/error.h"
+#include "lowbit/quant/recipe.h"
+
+namespace lowbit::quant {
+
+namespace {
+
+using nlohmann::json;
+
+CodecChoice affine(int bits, int group = 64) {
+  return {"affine", json{{"bits", bits}, {"group_size", group}, {"scale_dtype", "bf16"}}};
+}
+CodecChoice offset_scale(const char* precision) { return {"offset_scale", json{{"precision", precision}}}; }
+CodecChoice two_plane() { return {"two_plane", json{{"storage", "quint5"}, {"metadata", "full"}}}; }
+CodecChoice trellis(int k) { return {"trellis", json{{"L", 16}, {"k", k}, {"code", "3inst"}}}; }
+
+// Embedding and head get their own codec; every other matrix the linears' codec. Alternatives of neighbouring
+// widths are listed so that --target-bpw can trade bits between tensors.
+Recipe linears_with_head(std::string name, CodecChoice head, std::vector<CodecChoice> linears) {
+  Recipe r;
+  r.name = std::move(name);
+  r.rules.push_back({"*embed_tokens.weight", {head}});
+  r.rules.push_back({"lm_head.weight", {head}});
+  r.fallback = {"*", std::move(linears)};
+  return r;
+}
+
+const std::map<std::string, std::function<Recipe()>, std::less<>>& presets() {
+  static const std::map<std::string, std::function<Recipe()>, std::less<>> table{
+      {"affine4", [] { return linears_with_head("affine4", affine(4), {affine(4), affine(3), affine(5)}); }},
+      {"affine3", [] { return linears_with_head("affine3", affine(4), {affine(3), affine(2), affine(4)}); }},
+      {"q4", [] { return linears_with_head("q4", affine(6), {offset_scale("q4"), offset_scale("q3_full8")}); }},
+      {"q3", [] { return linears_with_head("q3", affine(6), {offset_scale("q3_full8"), offset_scale("q4")}); }},
+      {"fivestate", [] { return linears_with_head("fivestate", affine(6), {two_plane(), affine(3)}); }},
+      {"trellis2", [] { return linears_with_head("trellis2", affine(4), {trellis(2), trellis(3)}); }},
+      {"trellis3", [] { return linears_with_head("trellis3", affine(5), {trellis(3), trellis(2), trellis(4)}); }},
+      {"trellis4", [] { return linears_with_head("trellis4", affine(6), {trellis(4), trellis(3)}); }},
+  };
+  return table;
+}
+
+}  // namespace
+
+std::vector<std::string> preset_names() {
+  std::vector<std::string> names;
+  for (const auto& [name, make] : presets()) names.push_back(name);
+  return names;
+}
+
+Recipe preset(std::string_view name) {
+  const auto& table = presets();
+  const auto it = table.find(name);
+  if (it == table.end())
+    fail(Errc::usage, "[quantize] unknown preset '{}' (known: {})", name, fmt::join(preset_names(), ", "));
+  return it->second();
+}
+
+}  // namespace lowbit::quant

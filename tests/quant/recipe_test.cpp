@@ -1,0 +1,78 @@
+#include <gtest/gtest.h>
+
+#include "lowbit/core/error.h"
+#include "lowbit/quant/recipe.h"
+
+namespace lowbit::quant {
+namespace {
+
+using nlohmann::json;
+
+TEST(Glob, Matches) {
+  EXPECT_TRUE(glob_match("*", ""));
+  EXPECT_TRUE(glob_match("*.mlp.*", "model.layers.3.mlp.down_proj.weight"));
+  EXPECT_FALSE(glob_match("*.mlp.*", "model.layers.3.self_attn.q_proj.weight"));
+  EXPECT_TRUE(glob_match("model.layers.?.mlp*", "model.layers.7.mlp.up_proj.weight"));
+  EXPECT_FALSE(glob_match("model.layers.?.mlp*", "model.layers.17.mlp.up_proj.weight"));
+  EXPECT_TRUE(glob_match("a*b*c", "aXbYbZc"));
+  EXPECT_FALSE(glob_match("a*b*c", "aXbYbZ"));
+}
+
+TEST(Recipe, FirstMatchWinsThenDefault) {
+  const json j = {
+      {"name", "t"},
+      {"rules", {{{"match", "*down_proj*"}, {"codec", "affine"}, {"params", {{"bits", 6}, {"group_size", 64}, {"scale_dtype", "f16"}}}},
+                 {{"match", "*mlp*"}, {"codec", "affine"}, {"params", {{"bits", 3}, {"group_size", 64}, {"scale_dtype", "f16"}}}}}},
+      {"default", {{"codec", "affine"}, {"params", {{"bits", 4}, {"group_size", 128}, {"scale_dtype", "f16"}}}}}};
+  const Recipe r = Recipe::from_json(j, "test");
+  EXPECT_EQ(r.choose("model.layers.0.mlp.down_proj.weight", {64, 128}).params["bits"], 6);
+  EXPECT_EQ(r.choose("model.layers.0.mlp.up_proj.weight", {64, 128}).params["bits"], 3);
+  EXPECT_EQ(r.choose("model.layers.0.self_attn.q_proj.weight", {64, 128}).params["bits"], 4);
+  EXPECT_EQ(r.choose("model.norm.weight", {64}), dense_f32()) << "vectors stay dense";
+  const Recipe again = Recipe::from_json(r.to_json(), "round trip");
+  EXPECT_EQ(again.to_json(), r.to_json());
+}
+
+Errc rejection(const json& j) {
+  try {
+    Recipe::from_json(j, "bad");
+  } catch (const Error& e) {
+    return e.code();
+  }
+  return Errc::internal;
+}
+
+TEST(Recipe, RejectsMalformedRecipes) {
+  const json good_default = {{"codec", "dense"}, {"params", {{"dtype", "f16"}}}};
+  EXPECT_EQ(rejection({{"rules", json::array()}}), Errc::format) << "default missing";
+  EXPECT_EQ(rejection({{"default", good_default}, {"extra", 1}}), Errc::format);
+  EXPECT_EQ(rejection({{"default", {{"codec", "nope"}}}}), Errc::unknown_codec);
+  EXPECT_EQ(rejection({{"default", {{"codec", "affine"}, {"params", {{"bits", 7}, {"group_size", 64}}}}}}),
+            Errc::codec_params);
+  EXPECT_EQ(rejection({{"default", good_default}, {"rules", {{{"codec", "dense"}}}}}), Errc::format)
+      << "rule without match";
+  EXPECT_EQ(rejection({{"default", good_default}, {"rules", {{{"match", "*"}}}}}), Errc::format)
+      << "rule without codec";
+}
+
+TEST(Presets, AllParseAndKnowTheirCodecs) {
+  const auto names = preset_names();
+  for (const char* required : {"affine4", "affine3", "q4", "q3", "fivestate", "trellis2", "trellis3", "trellis4"})
+    EXPECT_NE(std::find(names.begin(), names.end(), required), names.end()) << required;
+  for (const auto& name : names) {
+    const Recipe r = preset(name);
+    // Every preset survives its own serialization, which validates every candidate's params.
+    EXPECT_EQ(Recipe::from_json(r.to_json(), name).to_json(), r.to_json()) << name;
+  }
+  EXPECT_EQ(preset("trellis2").choose("model.layers.1.mlp.gate_proj.weight", {64, 256}).codec, "trellis");
+  EXPECT_EQ(preset("trellis2").choose("model.embed_tokens.weight", {512, 64}).codec, "affine");
+  try {
+    preset("affine9");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::usage);
+  }
+}
+
+}  // namespace
+}  // namespace lowbit::quant
