@@ -147,7 +147,7 @@ class BpeTokenizer final : public Tokenizer {
   BpeTokenizer(BpeSpec spec, std::string_view source) : spec_(std::move(spec)) {
     for (const auto& [token, id] : spec_.vocab) {
       if (id < 0) fail(Errc::format, "[tokenizer] {}: negative token id {}", source, id);
-      if (!vocab_.emplace(token, id).second) fail(Errc::duplicate, "[tokenizer] {}: token '{}' twice", source, token);
+      vocab_.emplace(token, id);  // a string listed twice (some GGUF vocabularies) encodes as its first id
       set_text(id, from_byte_level(token));
     }
     for (const auto& added : spec_.added) {
@@ -157,10 +157,10 @@ class BpeTokenizer final : public Tokenizer {
       (added.special ? special_ : normal_added_).add(added.content, added.id);
     }
     index_merges(source);
+    // Some vocabularies (SmolLM) lack tokens for a few control bytes; such bytes are dropped when encoding.
     for (int b = 0; b < 256; ++b) {
       const auto it = vocab_.find(to_byte_level(std::string(1, static_cast<char>(b))));
-      if (it == vocab_.end()) fail(Errc::format, "[tokenizer] {}: no token for byte 0x{:02X}", source, b);
-      byte_ids_[b] = it->second;
+      byte_ids_[b] = it == vocab_.end() ? kNoToken : it->second;
     }
     for (const auto& pattern : spec_.split_patterns) regexes_.emplace_back(pattern, source);
   }
@@ -192,6 +192,7 @@ class BpeTokenizer final : public Tokenizer {
   }
 
  private:
+  static constexpr int32_t kNoToken = -1;
   struct Merge {
     int32_t rank;
     int32_t result;
@@ -265,13 +266,14 @@ class BpeTokenizer final : public Tokenizer {
       if (symbol[c.pos] != c.left || next[c.pos] < 0 || symbol[next[c.pos]] != c.right) continue;
       const int64_t gone = next[c.pos];
       symbol[c.pos] = c.result;
-      symbol[gone] = -1;
+      symbol[gone] = kNoToken;
       next[c.pos] = next[gone];
       if (next[gone] >= 0) prev[next[gone]] = c.pos;
       push(prev[c.pos]);
       push(c.pos);
     }
-    for (int64_t i = n ? 0 : -1; i >= 0; i = next[i]) ids.push_back(symbol[i]);
+    for (int64_t i = n ? 0 : -1; i >= 0; i = next[i])
+      if (symbol[i] != kNoToken) ids.push_back(symbol[i]);
   }
 
   BpeSpec spec_;

@@ -43,8 +43,8 @@ struct BpeSpec {
   std::vector<int32_t> eos;
 };
 
-// Builds a byte-level BPE tokenizer. Throws Errc::format for merges naming unknown tokens, ids < 0,
-// duplicate ids, or a pattern PCRE2 rejects.
+// Builds a byte-level BPE tokenizer. Throws Errc::format for merges naming unknown tokens, ids < 0, or a
+// pattern PCRE2 rejects.
 std::unique_ptr<Tokenizer> make_bpe_tokenizer(BpeSpec spec, std::string_view source = "bpe");
 
 // Reads a tokenizer.json (model type BPE with a ByteLevel decoder). tokenizer_config.json beside it, when
