@@ -1,0 +1,159 @@
+// Batch-1 matvec per codec and width at [4096 x 4096], [14336 x 4096] and [4096 x 14336] ([rows, cols] =
+// [out, in]) on all cores, reporting the effective GB/s of weight bytes read next to the machine's read
+// bandwidth, measured first by the same binary (a multi-threaded sum over a buffer larger than the LLC).
+// Each case cycles through enough copies of its weight to exceed twice the LLC, so figures are from DRAM,
+// as in a real model whose layers do not fit in cache.
+#include <benchmark/benchmark.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/simd.h"
+#include "lowbit/codec/codec.h"
+#include "lowbit/core/thread_pool.h"
+#include "lowbit/kernels/cpu.h"
+
+namespace {
+
+using lowbit::codec::Params;
+
+// Codecs and the widths/variants benchmarked for each; a codec without a row is skipped (and named on stderr).
+const std::map<std::string, std::vector<Params>>& bench_params() {
+  static const std::map<std::string, std::vector<Params>> table = [] {
+    std::map<std::string, std::vector<Params>> t;
+    t["dense"] = {{{"dtype", "bf16"}}, {{"dtype", "f16"}}, {{"dtype", "f32"}}};
+    for (int bits : {2, 3, 4, 5, 6, 8})
+      t["affine"].push_back({{"bits", bits}, {"group_size", 64}, {"scale_dtype", "bf16"}});
+    for (const char* precision : {"q3", "q3_full8", "q4"}) t["offset_scale"].push_back({{"precision", precision}});
+    t["two_plane"] = {{{"storage", "planes"}, {"metadata", "full"}},
+                      {{"storage", "quint5"}, {"metadata", "slim"}},
+                      {{"storage", "trit3"}, {"metadata", "full"}}};
+    return t;
+  }();
+  return table;
+}
+
+const std::vector<std::pair<int64_t, int64_t>> kShapes = {{4096, 4096}, {14336, 4096}, {4096, 14336}};
+
+size_t llc_bytes() {
+  const long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
+  return l3 > 0 ? static_cast<size_t>(l3) : size_t{64} << 20;
+}
+
+// Bytes each benchmark streams through: twice the LLC, at least 512 MiB.
+size_t working_set_bytes() { return std::max(2 * llc_bytes(), size_t{512} << 20); }
+
+double g_read_gbps = 0.0;
+
+// Sums a buffer larger than the LLC on every core of the default pool.
+void BM_ReadBandwidth(benchmark::State& state) {
+  const size_t n = working_set_bytes() / sizeof(uint64_t);
+  std::vector<uint64_t> buffer(n, 1);
+  lowbit::ThreadPool& pool = lowbit::default_pool();
+  const size_t chunks = pool.size() * 8;
+  std::vector<uint64_t> sums(chunks);
+  double seconds = 0, bytes = 0;
+  for (auto _ : state) {
+    const auto t0 = std::chrono::steady_clock::now();
+    pool.parallel_for(chunks, 1, [&](size_t c0, size_t c1) {
+      for (size_t c = c0; c < c1; ++c) {
+        const uint64_t* p = buffer.data() + c * (n / chunks);
+        uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+        for (size_t i = 0; i + 4 <= n / chunks; i += 4) s0 += p[i], s1 += p[i + 1], s2 += p[i + 2], s3 += p[i + 3];
+        sums[c] = s0 + s1 + s2 + s3;
+      }
+    });
+    benchmark::DoNotOptimize(sums.data());
+    seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    bytes += static_cast<double>(n / chunks * chunks * sizeof(uint64_t));
+  }
+  g_read_gbps = bytes / seconds / 1e9;
+  state.counters["GB/s"] = g_read_gbps;
+  state.counters["threads"] = static_cast<double>(pool.size());
+  state.SetLabel(std::to_string(working_set_bytes() >> 20) + " MiB buffer");
+}
+
+std::vector<float> random_weights(int64_t rows, int64_t cols) {
+  std::vector<float> w(static_cast<size_t>(rows * cols));
+  std::mt19937 rng(static_cast<uint32_t>(rows * 31 + cols));
+  std::normal_distribution<float> normal(0.0f, 0.02f);
+  for (float& f : w) f = normal(rng);
+  return w;
+}
+
+// Copies of one encoded weight, each prepared for the CPU.
+struct Copies {
+  std::vector<lowbit::codec::EncodedTensor> tensors;
+  std::vector<std::unique_ptr<lowbit::kernels::CpuLinear>> kernels;
+};
+
+Copies make_copies(const lowbit::codec::Codec& codec, const Params& params, int64_t rows, int64_t cols) {
+  const auto weights = random_weights(rows, cols);
+  lowbit::codec::EncodeOptions options;
+  options.pool = &lowbit::default_pool();
+  Copies c;
+  c.tensors.push_back(codec.encode(params, {rows, cols}, weights.data(), options));
+  uint64_t bytes = 0;
+  for (const auto& [role, buffer] : c.tensors[0].arrays) bytes += buffer.bytes.size();
+  const size_t copies = std::max<size_t>(1, (working_set_bytes() + bytes - 1) / bytes);
+  for (size_t i = 1; i < copies; ++i) c.tensors.push_back(c.tensors[0]);
+  for (const auto& t : c.tensors)
+    c.kernels.push_back(lowbit::kernels::prepare_cpu({&codec, t.params, {rows, cols}, t.views()}));
+  return c;
+}
+
+void BM_Matvec(benchmark::State& state, const lowbit::codec::Codec* codec, Params params, int64_t rows,
+               int64_t cols) {
+  const Copies copies = make_copies(*codec, params, rows, cols);
+  std::vector<float> x(static_cast<size_t>(cols), 0.01f), y(static_cast<size_t>(rows));
+  lowbit::ThreadPool& pool = lowbit::default_pool();
+  size_t next = 0;
+  double seconds = 0, bytes = 0;
+  for (auto _ : state) {
+    const auto& k = *copies.kernels[next];
+    next = (next + 1) % copies.kernels.size();
+    const auto t0 = std::chrono::steady_clock::now();
+    k.matmul(x.data(), 1, y.data(), pool);
+    benchmark::DoNotOptimize(y.data());
+    seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    bytes += static_cast<double>(k.weight_bytes());
+  }
+  const double gbps = bytes / seconds / 1e9;
+  state.counters["GB/s"] = gbps;
+  state.counters["of_read_bw"] = g_read_gbps > 0 ? gbps / g_read_gbps : 0.0;
+  state.counters["bits/w"] = lowbit::codec::bits_per_weight(*codec, copies.tensors[0].params, {rows, cols});
+  state.SetLabel(lowbit::kernels::simd::target_name());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  benchmark::RegisterBenchmark("read_bandwidth", BM_ReadBandwidth)->UseRealTime()->Unit(benchmark::kMillisecond);
+  for (const lowbit::codec::Codec& codec : lowbit::codec::all_codecs()) {
+    const auto it = bench_params().find(std::string(codec.id));
+    if (it == bench_params().end()) {
+      std::fprintf(stderr, "bench_kernels: no benchmark params for codec '%.*s'\n", static_cast<int>(codec.id.size()),
+                   codec.id.data());
+      continue;
+    }
+    for (const Params& params : it->second)
+      for (const auto& [rows, cols] : kShapes) {
+        const std::string name = "matvec/" + std::string(codec.id) + "/" + params.dump() + "/" +
+                                 std::to_string(rows) + "x" + std::to_string(cols);
+        benchmark::RegisterBenchmark(name.c_str(), BM_Matvec, &codec, params, rows, cols)
+            ->UseRealTime()
+            ->Unit(benchmark::kMicrosecond);
+      }
+  }
+  benchmark::Initialize(&argc, argv);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
