@@ -151,22 +151,34 @@ void mlp_block(const ModelConfig& c, const LayerWeights& w, Scratch& s, int64_t 
 
 }  // namespace
 
+void forward_layers(const Model& model, KvCache& cache, float* x, int64_t m, int64_t pos, int64_t layer_begin,
+                    int64_t layer_end, ThreadPool& pool) {
+  const ModelConfig& c = model.config;
+  if (m < 1 || pos < 0 || pos + m > cache.capacity())
+    fail(Errc::limit, "[forward] positions {}..{} exceed the context of {}", pos, pos + m, cache.capacity());
+  if (layer_begin < 0 || layer_begin > layer_end || layer_end > c.n_layers)
+    fail(Errc::internal, "[forward] layers {}..{} outside 0..{}", layer_begin, layer_end, c.n_layers);
+  Scratch s(c, m);
+  std::copy_n(x, m * c.dim, s.x.data());
+  for (int64_t l = layer_begin; l < layer_end; ++l) {
+    attention_block(model, model.layers[l], l, cache, s, m, pos, pool);
+    mlp_block(c, model.layers[l], s, m, pool);
+  }
+  std::copy_n(s.x.data(), m * c.dim, x);
+}
+
 void forward(const Model& model, KvCache& cache, std::span<const int32_t> tokens, int64_t pos, float* logits,
              bool all_logits, ThreadPool& pool) {
   const ModelConfig& c = model.config;
   const auto m = static_cast<int64_t>(tokens.size());
-  if (m < 1 || pos < 0 || pos + m > cache.capacity())
-    fail(Errc::limit, "[forward] positions {}..{} exceed the context of {}", pos, pos + m, cache.capacity());
-  Scratch s(c, m);
-  model.embed->gather_rows(tokens, s.x.data());  // x [m, dim]
-  for (int64_t l = 0; l < c.n_layers; ++l) {
-    attention_block(model, model.layers[l], l, cache, s, m, pos, pool);
-    mlp_block(c, model.layers[l], s, m, pool);
-  }
+  std::vector<float> x(static_cast<size_t>(m * c.dim));
+  model.embed->gather_rows(tokens, x.data());  // x [m, dim]
+  forward_layers(model, cache, x.data(), m, pos, 0, c.n_layers, pool);
   // logits [rows, vocab] = rmsnorm(x)[rows] @ Wlm^T, for every row or just the last one
   const int64_t first = all_logits ? 0 : m - 1, rows = m - first;
-  rmsnorm_rows(s.xb.data(), s.x.data() + first * c.dim, model.final_norm, rows, c.dim, c.norm_eps);
-  model.lm_head->matmul(s.xb.data(), rows, logits, pool);
+  std::vector<float> xn(static_cast<size_t>(rows * c.dim));
+  rmsnorm_rows(xn.data(), x.data() + first * c.dim, model.final_norm, rows, c.dim, c.norm_eps);
+  model.lm_head->matmul(xn.data(), rows, logits, pool);
 }
 
 }  // namespace lowbit::model

@@ -97,4 +97,10 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::filesystem::path& model_pat
 void forward(const Model& model, KvCache& cache, std::span<const int32_t> tokens, int64_t pos, float* logits,
              bool all_logits, ThreadPool& pool);
 
+// Runs hidden states x [m, dim] of tokens at positions pos..pos+m-1 through layers [layer_begin, layer_end), in
+// place, appending those layers' keys and values to the cache. The quantizer's calibration goes layer by layer
+// through it, so that each layer sees the already-quantized layers before it.
+void forward_layers(const Model& model, KvCache& cache, float* x, int64_t m, int64_t pos, int64_t layer_begin,
+                    int64_t layer_end, ThreadPool& pool);
+
 }  // namespace lowbit::model
