@@ -45,7 +45,8 @@ uint32_t state_at(const uint16_t* words, int T, int k, int L, int t);
 // out[t] = table[state t] for the T steps of a block (the exact decode; any T with T * k % 16 == 0).
 void decode_block(const uint16_t* words, int T, int k, int L, const float* table, float* out);
 
-// Viterbi search over the 2^L states of a block of T steps with k bits per step (T * k >= L, T * k % 16 == 0).
+// Viterbi search over the 2^L states of a block of T steps with k bits per step (L - k >= 3, T * k >= L,
+// T * k % 16 == 0).
 // Targets are in code units (weight / scale); the objective is sum_t importance[t] (code(s_t) - target[t])^2,
 // importance nullptr meaning all ones. One encoder holds O(T 2^(L-k)) bytes of workspace: use one per thread.
 class BlockEncoder {
