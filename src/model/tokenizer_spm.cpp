@@ -1,0 +1,184 @@
+// SentencePiece tokenizers through libsentencepiece: model files as they are, and GGUF "llama" vocabularies
+// rebuilt into a ModelProto (written here in protobuf wire format, so no protobuf dependency is needed).
+#include <sentencepiece_processor.h>
+
+#include <cstring>
+
+#include "lowbit/core/error.h"
+#include "lowbit/model/tokenizers.h"
+#include "model/tokenizer_util.h"
+
+namespace lowbit::model {
+namespace {
+
+constexpr int32_t kTypeUnknown = 2, kTypeControl = 3, kTypeByte = 6;
+
+class SpmTokenizer final : public Tokenizer {
+ public:
+  SpmTokenizer(std::unique_ptr<sentencepiece::SentencePieceProcessor> sp, std::optional<int32_t> bos,
+               std::vector<int32_t> eos, bool add_bos)
+      : sp_(std::move(sp)), bos_(bos), eos_(std::move(eos)), add_bos_(add_bos) {
+    const int n = sp_->GetPieceSize();
+    texts_.resize(static_cast<size_t>(n));
+    for (int id = 0; id < n; ++id) {
+      const std::string& piece = sp_->IdToPiece(id);
+      if (sp_->IsControl(id)) {
+        control_.add(piece, id);
+      } else if (sp_->IsByte(id)) {
+        texts_[id] = std::string(1, static_cast<char>(std::stoi(piece.substr(3, 2), nullptr, 16)));
+      } else {
+        texts_[id] = sp_->IsUnknown(id) ? std::string(" \xE2\x81\x87 ") : replace_spaces(piece);
+      }
+    }
+  }
+
+  std::vector<int32_t> encode(std::string_view text, bool add_bos, bool parse_special) const override {
+    std::vector<int32_t> ids;
+    if (add_bos && add_bos_ && bos_) ids.push_back(*bos_);
+    auto on_text = [&](std::string_view segment) {
+      for (int id : sp_->EncodeAsIds(segment)) ids.push_back(id);
+    };
+    auto on_token = [&](int32_t id) { ids.push_back(id); };
+    if (parse_special) control_.split(text, on_text, on_token);
+    else on_text(text);
+    return ids;
+  }
+
+  std::string token_text(int32_t id) const override {
+    if (id < 0 || static_cast<size_t>(id) >= texts_.size()) return {};
+    return texts_[id];
+  }
+  // The dummy-prefix space of a stream's first piece (at the start or right after BOS) is not part of the text.
+  std::string token_text_after(int32_t prev, int32_t id) const override {
+    std::string text = token_text(id);
+    if ((prev < 0 || prev == bos_) && !text.empty() && text[0] == ' ' && !sp_->IsByte(id)) text.erase(0, 1);
+    return text;
+  }
+  int32_t vocab_size() const override { return static_cast<int32_t>(texts_.size()); }
+  std::optional<int32_t> bos_id() const override { return bos_; }
+  std::vector<int32_t> eos_ids() const override { return eos_; }
+  std::optional<int32_t> token_id(std::string_view token) const override {
+    const int id = sp_->PieceToId(token);
+    if (id == sp_->unk_id() && token != sp_->IdToPiece(id)) return std::nullopt;
+    return id;
+  }
+
+ private:
+  // "▁" (U+2581) marks a space in SentencePiece pieces.
+  static std::string replace_spaces(const std::string& piece) {
+    std::string out;
+    for (size_t i = 0; i < piece.size();) {
+      if (piece.compare(i, 3, "\xE2\x96\x81") == 0) {
+        out += ' ';
+        i += 3;
+      } else {
+        out += piece[i++];
+      }
+    }
+    return out;
+  }
+
+  std::unique_ptr<sentencepiece::SentencePieceProcessor> sp_;
+  std::optional<int32_t> bos_;
+  std::vector<int32_t> eos_;
+  bool add_bos_;
+  std::vector<std::string> texts_;
+  detail::LiteralMatcher control_;
+};
+
+std::optional<int32_t> positive(int id) { return id >= 0 ? std::optional<int32_t>(id) : std::nullopt; }
+
+// Protobuf wire format, just the field kinds a ModelProto needs.
+class ProtoWriter {
+ public:
+  void varint_field(int field, uint64_t value) {
+    key(field, 0);
+    varint(value);
+  }
+  void float_field(int field, float value) {
+    key(field, 5);
+    char bytes[4];
+    std::memcpy(bytes, &value, 4);
+    out_.append(bytes, 4);
+  }
+  void bytes_field(int field, std::string_view value) {
+    key(field, 2);
+    varint(value.size());
+    out_.append(value);
+  }
+  const std::string& bytes() const { return out_; }
+
+ private:
+  void key(int field, int wire_type) { varint(static_cast<uint64_t>(field) << 3 | wire_type); }
+  void varint(uint64_t v) {
+    while (v >= 0x80) {
+      out_ += static_cast<char>((v & 0x7F) | 0x80);
+      v >>= 7;
+    }
+    out_ += static_cast<char>(v);
+  }
+  std::string out_;
+};
+
+// sentencepiece_model.proto: ModelProto{pieces=1, trainer_spec=2, normalizer_spec=3};
+// SentencePiece{piece=1, score=2, type=3}; TrainerSpec{model_type=3 (BPE=2), vocab_size=4, byte_fallback=35};
+// NormalizerSpec{name=1, add_dummy_prefix=3, remove_extra_whitespaces=4, escape_whitespaces=5}.
+std::string model_proto(const std::vector<SpmPiece>& pieces) {
+  ProtoWriter model;
+  bool has_bytes = false;
+  for (const auto& p : pieces) {
+    ProtoWriter piece;
+    piece.bytes_field(1, p.piece);
+    piece.float_field(2, p.score);
+    piece.varint_field(3, static_cast<uint64_t>(p.type));
+    model.bytes_field(1, piece.bytes());
+    has_bytes |= p.type == kTypeByte;
+  }
+  ProtoWriter trainer;
+  trainer.varint_field(3, 2);
+  trainer.varint_field(4, pieces.size());
+  trainer.varint_field(35, has_bytes ? 1 : 0);
+  model.bytes_field(2, trainer.bytes());
+  ProtoWriter normalizer;
+  normalizer.bytes_field(1, "identity");
+  normalizer.varint_field(3, 1);
+  normalizer.varint_field(4, 0);
+  normalizer.varint_field(5, 1);
+  model.bytes_field(3, normalizer.bytes());
+  return model.bytes();
+}
+
+}  // namespace
+
+std::unique_ptr<Tokenizer> load_sentencepiece(const std::filesystem::path& model_file) {
+  auto sp = std::make_unique<sentencepiece::SentencePieceProcessor>();
+  const auto status = sp->Load(model_file.string());
+  if (!status.ok())
+    fail(Errc::format, "[tokenizer] {}: sentencepiece cannot load it: {}", model_file.string(), status.ToString());
+  const auto bos = positive(sp->bos_id());
+  const auto eos = positive(sp->eos_id());
+  return std::make_unique<SpmTokenizer>(std::move(sp), bos, eos ? std::vector<int32_t>{*eos} : std::vector<int32_t>{},
+                                        bos.has_value());
+}
+
+std::unique_ptr<Tokenizer> make_sentencepiece(const std::vector<SpmPiece>& pieces, std::optional<int32_t> bos,
+                                              std::vector<int32_t> eos, bool add_bos, std::string_view source) {
+  bool has_unknown = false;
+  for (const auto& p : pieces) {
+    if (p.type < 1 || p.type > 6) fail(Errc::format, "[tokenizer] {}: piece '{}' has type {}", source, p.piece, p.type);
+    if (p.type == kTypeByte && (p.piece.size() != 6 || p.piece.compare(0, 3, "<0x") != 0 || p.piece[5] != '>'))
+      fail(Errc::format, "[tokenizer] {}: byte piece '{}' is not <0xXX>", source, p.piece);
+    has_unknown |= p.type == kTypeUnknown;
+  }
+  if (!has_unknown) fail(Errc::format, "[tokenizer] {}: no unknown-token piece", source);
+  auto sp = std::make_unique<sentencepiece::SentencePieceProcessor>();
+  const auto status = sp->LoadFromSerializedProto(model_proto(pieces));
+  if (!status.ok()) fail(Errc::format, "[tokenizer] {}: sentencepiece rejects the vocabulary: {}", source, status.ToString());
+  for (int32_t id : eos)
+    if (id < 0 || static_cast<size_t>(id) >= pieces.size()) fail(Errc::format, "[tokenizer] {}: eos id {} out of range", source, id);
+  if (bos && (*bos < 0 || static_cast<size_t>(*bos) >= pieces.size()))
+    fail(Errc::format, "[tokenizer] {}: bos id {} out of range", source, *bos);
+  return std::make_unique<SpmTokenizer>(std::move(sp), bos, std::move(eos), add_bos && bos.has_value());
+}
+
+}  // namespace lowbit::model
