@@ -32,17 +32,17 @@ size_t Lanes() { return hn::Lanes(DF()); }
 
 // N words from p where only `avail` are readable (the last block of a row); the rest read as zero.
 HWY_INLINE hn::Vec<DU> LoadWords(DU du, const uint32_t* p, int64_t avail) {
-  if (avail >= static_cast<int64_t>(hn::Lanes(du))) return hn::LoadU(du, p);
+  if (HWY_LIKELY(avail >= static_cast<int64_t>(hn::Lanes(du)))) return hn::LoadU(du, p);
   uint32_t tmp[64] = {};
   std::copy_n(p, std::max<int64_t>(avail, 0), tmp);
   return hn::LoadU(du, tmp);
 }
 
-// Decodes one block: N low-plane words (lane j owns word w0 + j, i.e. codes (w0 + j) * kCodesPerWord + k) and
-// the high-plane bits of the same codes, broadcast to their lanes.
+// Decodes one block: N low-plane words (lane j owns word e0 + j, i.e. codes (e0 + j) * kCodesPerLane + k) and,
+// for C != 0, the high-plane bits of the same codes, broadcast to their lanes.
 template <int A, int C>
 struct BlockDecoder {
-  static constexpr int kCodesPerWord = 32 / A;
+  static constexpr int kCodesPerLane = 32 / A;
   static constexpr int kRatio = C ? A / C : 1;  // low words per high word
 
   DU du;
@@ -64,17 +64,18 @@ struct BlockDecoder {
     hi_shift = hn::LoadU(du, shift);
   }
 
-  HWY_INLINE void Load(const AffinePlanes& p, const uint32_t* lo_row, const uint32_t* hi_row, int64_t w0) {
-    lo = LoadWords(du, lo_row + w0, p.lo_words - w0);
+  HWY_INLINE void Load(const AffinePlanes& p, const uint32_t* lo_row, const uint32_t* hi_row, int64_t e0) {
+    lo = LoadWords(du, lo_row + e0, p.lo_words - e0);
     if constexpr (C != 0) {
-      const int64_t h0 = w0 / kRatio;
+      const int64_t h0 = e0 / kRatio;
       hi = hn::TableLookupLanes(LoadWords(du, hi_row + h0, p.hi_words - h0), hi_index) >> hi_shift;
     }
   }
 
   template <int K>
   HWY_INLINE hn::Vec<DF> Code() const {
-    auto q = hn::And(hn::ShiftRight<K * A>(lo), lo_mask);
+    auto q = hn::ShiftRight<K * A>(lo);
+    if constexpr ((K + 1) * A < 32) q = hn::And(q, lo_mask);  // the top code of a word needs no mask
     if constexpr (C != 0) q = hn::Or(q, hn::ShiftLeft<A>(hn::And(hn::ShiftRight<K * C>(hi), hi_mask)));
     return hn::ConvertTo(df, hn::BitCast(DI(), q));
   }
@@ -90,19 +91,19 @@ HWY_INLINE void ForEachCode(Fn&& fn, std::integer_sequence<int, K...>) {
 struct RowParams {
   std::vector<float> scales, biases;
   IndicesF lane_group;
-  int64_t words_per_group;
+  int64_t units_per_group;
   bool lanes_span_groups;
 
-  explicit RowParams(const AffinePlanes& p, int lo_bits) {
+  explicit RowParams(const AffinePlanes& p) {
     const DF df;
     const size_t N = hn::Lanes(df);
     scales.assign(static_cast<size_t>(p.groups) + N, 0.0f);
     biases.assign(static_cast<size_t>(p.groups) + N, 0.0f);
-    words_per_group = p.group_size * lo_bits / 32;
-    lanes_span_groups = static_cast<int64_t>(N) > words_per_group;
+    units_per_group = p.group_size * p.lo_bits / 32;
+    lanes_span_groups = static_cast<int64_t>(N) > units_per_group;
     int32_t index[64];
     for (size_t j = 0; j < N; ++j)
-      index[j] = lanes_span_groups ? static_cast<int32_t>(static_cast<int64_t>(j) / words_per_group) : 0;
+      index[j] = lanes_span_groups ? static_cast<int32_t>(static_cast<int64_t>(j) / units_per_group) : 0;
     lane_group = hn::SetTableIndices(df, index);
   }
 
@@ -113,13 +114,33 @@ struct RowParams {
     simd::to_f32(p.scale_dtype, p.biases + static_cast<size_t>(r) * n * bytes, n, biases.data());
   }
 
-  // The scales (or biases) of the block starting at low word w0, one per lane.
-  HWY_INLINE hn::Vec<DF> lanes(const std::vector<float>& v, int64_t w0) const {
+  // The scales (or biases) of the block starting at low-plane unit e0, one per lane.
+  HWY_INLINE hn::Vec<DF> lanes(const std::vector<float>& v, int64_t e0) const {
     const DF df;
-    const float* g = v.data() + w0 / words_per_group;
+    const float* g = v.data() + e0 / units_per_group;
     return lanes_span_groups ? hn::TableLookupLanes(hn::LoadU(df, g), lane_group) : hn::Set(df, *g);
   }
 };
+
+// even/odd += codes of block b times their activations (two accumulators halve the FMA dependency chain).
+template <class Dec>
+HWY_INLINE void AccumulateBlock(Dec& dec, const AffinePlanes& p, const uint32_t* lo_row, const uint32_t* hi_row,
+                                int64_t b, const float* xp, hn::Vec<DF>& even, hn::Vec<DF>& odd) {
+  const DF df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  dec.Load(p, lo_row, hi_row, b * N);
+  const float* xb = xp + b * N * Dec::kCodesPerLane;
+  ForEachCode(
+      [&](auto k) {
+        constexpr int K = decltype(k)::value;
+        const auto xk = hn::LoadU(df, xb + K * N);
+        if constexpr (K % 2 == 0)
+          even = hn::MulAdd(dec.template Code<K>(), xk, even);
+        else
+          odd = hn::MulAdd(dec.template Code<K>(), xk, odd);
+      },
+      std::make_integer_sequence<int, Dec::kCodesPerLane>());
+}
 
 template <int A, int C>
 void MatvecT(const AffinePlanes& p, const float* xp, const float* xsum, size_t r0, size_t r1, float* y) {
@@ -128,27 +149,26 @@ void MatvecT(const AffinePlanes& p, const float* xp, const float* xsum, size_t r
   const int64_t N = static_cast<int64_t>(hn::Lanes(df));
   const int64_t blocks = (p.lo_words + N - 1) / N;
   Dec dec;
-  RowParams params(p, A);
+  RowParams params(p);
   for (size_t r = r0; r < r1; ++r) {
     params.load(p, static_cast<int64_t>(r));
     const uint32_t* lo_row = p.lo + static_cast<int64_t>(r) * p.lo_words;
     const uint32_t* hi_row = p.hi ? p.hi + static_cast<int64_t>(r) * p.hi_words : nullptr;
     auto total = hn::Zero(df);
-    for (int64_t b = 0; b < blocks; ++b) {
-      dec.Load(p, lo_row, hi_row, b * N);
-      const float* xb = xp + b * N * Dec::kCodesPerWord;
-      auto even = hn::Zero(df), odd = hn::Zero(df);
-      ForEachCode(
-          [&](auto k) {
-            constexpr int K = decltype(k)::value;
-            const auto prod_in = hn::LoadU(df, xb + K * N);
-            if constexpr (K % 2 == 0)
-              even = hn::MulAdd(dec.template Code<K>(), prod_in, even);
-            else
-              odd = hn::MulAdd(dec.template Code<K>(), prod_in, odd);
-          },
-          std::make_integer_sequence<int, Dec::kCodesPerWord>());
-      total = hn::MulAdd(params.lanes(params.scales, b * N), hn::Add(even, odd), total);
+    if (params.lanes_span_groups) {  // one block holds several groups: a scale per lane
+      for (int64_t b = 0; b < blocks; ++b) {
+        auto even = hn::Zero(df), odd = hn::Zero(df);
+        AccumulateBlock(dec, p, lo_row, hi_row, b, xp, even, odd);
+        total = hn::MulAdd(params.lanes(params.scales, b * N), hn::Add(even, odd), total);
+      }
+    } else {  // whole blocks per group: one scale per group, applied once
+      const int64_t blocks_per_group = params.units_per_group / N;
+      for (int64_t g = 0; g < p.groups; ++g) {
+        auto even = hn::Zero(df), odd = hn::Zero(df);
+        for (int64_t b = g * blocks_per_group; b < (g + 1) * blocks_per_group; ++b)
+          AccumulateBlock(dec, p, lo_row, hi_row, b, xp, even, odd);
+        total = hn::MulAdd(hn::Set(df, params.scales[static_cast<size_t>(g)]), hn::Add(even, odd), total);
+      }
     }
     y[r - r0] = hn::GetLane(hn::SumOfLanes(df, total)) +
                 simd::dot(params.biases.data(), xsum, static_cast<size_t>(p.groups));
@@ -163,47 +183,57 @@ void DecodeTileT(const AffinePlanes& p, size_t r0, size_t r1, size_t b0, size_t 
   const DF df;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df));
   Dec dec;
-  RowParams params(p, A);
+  RowParams params(p);
   for (size_t r = r0; r < r1; ++r) {
     params.load(p, static_cast<int64_t>(r));
     const uint32_t* lo_row = p.lo + static_cast<int64_t>(r) * p.lo_words;
     const uint32_t* hi_row = p.hi ? p.hi + static_cast<int64_t>(r) * p.hi_words : nullptr;
     for (size_t b = b0; b < b1; ++b) {
-      const int64_t w0 = static_cast<int64_t>(b) * N;
-      dec.Load(p, lo_row, hi_row, w0);
-      const auto scale = params.lanes(params.scales, w0), bias = params.lanes(params.biases, w0);
-      float* ob = out + (r - r0) * out_stride + (b - b0) * N * Dec::kCodesPerWord;
+      const int64_t e0 = static_cast<int64_t>(b) * N;
+      dec.Load(p, lo_row, hi_row, e0);
+      const auto scale = params.lanes(params.scales, e0), bias = params.lanes(params.biases, e0);
+      float* ob = out + (r - r0) * out_stride + (b - b0) * N * Dec::kCodesPerLane;
       ForEachCode(
           [&](auto k) {
             constexpr int K = decltype(k)::value;
             hn::StoreU(hn::MulAdd(dec.template Code<K>(), scale, bias), df, ob + K * N);
           },
-          std::make_integer_sequence<int, Dec::kCodesPerWord>());
+          std::make_integer_sequence<int, Dec::kCodesPerLane>());
     }
   }
 }
+
+// The compile-time widths of one plane layout.
+template <int A, int C>
+struct Planes {
+  static constexpr int kLo = A, kHi = C;
+};
 
 // One switch from the runtime plane widths to the compile-time kernels.
 template <class Fn>
 void WithPlanes(const AffinePlanes& p, Fn&& fn) {
   switch (p.lo_bits * 10 + p.hi_bits) {
-    case 20: fn(std::integral_constant<int, 2>(), std::integral_constant<int, 0>()); break;
-    case 40: fn(std::integral_constant<int, 4>(), std::integral_constant<int, 0>()); break;
-    case 80: fn(std::integral_constant<int, 8>(), std::integral_constant<int, 0>()); break;
-    case 21: fn(std::integral_constant<int, 2>(), std::integral_constant<int, 1>()); break;
-    case 41: fn(std::integral_constant<int, 4>(), std::integral_constant<int, 1>()); break;
-    case 42: fn(std::integral_constant<int, 4>(), std::integral_constant<int, 2>()); break;
+    case 20: fn(Planes<2, 0>()); break;
+    case 40: fn(Planes<4, 0>()); break;
+    case 80: fn(Planes<8, 0>()); break;
+    case 21: fn(Planes<2, 1>()); break;
+    case 41: fn(Planes<4, 1>()); break;
+    case 42: fn(Planes<4, 2>()); break;
     default: HWY_ABORT("affine planes %d+%d", p.lo_bits, p.hi_bits);
   }
 }
 
 void Matvec(const AffinePlanes& p, const float* xp, const float* xsum, size_t r0, size_t r1, float* y) {
-  WithPlanes(p, [&](auto a, auto c) { MatvecT<decltype(a)::value, decltype(c)::value>(p, xp, xsum, r0, r1, y); });
+  WithPlanes(p, [&](auto t) {
+    using T = decltype(t);
+    MatvecT<T::kLo, T::kHi>(p, xp, xsum, r0, r1, y);
+  });
 }
 
 void DecodeTile(const AffinePlanes& p, size_t r0, size_t r1, size_t b0, size_t b1, float* out, size_t out_stride) {
-  WithPlanes(p, [&](auto a, auto c) {
-    DecodeTileT<decltype(a)::value, decltype(c)::value>(p, r0, r1, b0, b1, out, out_stride);
+  WithPlanes(p, [&](auto t) {
+    using T = decltype(t);
+    DecodeTileT<T::kLo, T::kHi>(p, r0, r1, b0, b1, out, out_stride);
   });
 }
 
@@ -327,14 +357,14 @@ class AffineLinear final : public CpuLinear {
   }
 
  private:
-  // xp[b * block + k * N + j] = x[(b * N + j) * codes_per_word + k]: lane j of block b owns low word b * N + j.
-  // Padding and the tail past the last word stay zero.
+  // xp[b * block + k * N + j] = x[(b * N + j) * codes_per_word + k]: lane j of block b owns low-plane word
+  // b * N + j. Padding and the tail past the last word stay zero.
   void permute(const float* x, float* xp) const {
-    const int64_t per_word = 32 / planes_.lo_bits;
-    for (int64_t w = 0; w * per_word < layout_.cols; ++w) {
-      float* dst = xp + (w / lanes_) * block_codes_ + (w % lanes_);
-      const int64_t n = std::min(per_word, layout_.cols - w * per_word);
-      for (int64_t k = 0; k < n; ++k) dst[k * lanes_] = x[w * per_word + k];
+    const int64_t per_unit = 32 / planes_.lo_bits;
+    for (int64_t e = 0; e * per_unit < layout_.cols; ++e) {
+      float* dst = xp + (e / lanes_) * block_codes_ + (e % lanes_);
+      const int64_t n = std::min(per_unit, layout_.cols - e * per_unit);
+      for (int64_t k = 0; k < n; ++k) dst[k * lanes_] = x[e * per_unit + k];
     }
   }
 
