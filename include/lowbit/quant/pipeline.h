@@ -1,0 +1,60 @@
+// lowbit quantize: loads any model the runtime loads, encodes every tensor with the codec its recipe picks
+// (Hessian-aware where a calibration text is given), and writes the artifact through the atomic writer.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "lowbit/artifact/writer.h"
+#include "lowbit/quant/recipe.h"
+
+namespace lowbit::quant {
+
+struct QuantizeOptions {
+  std::filesystem::path source;
+  std::filesystem::path destination;
+  Recipe recipe;
+  std::optional<double> target_bpw;
+  std::optional<std::filesystem::path> calibration;  // none: plain rounding everywhere
+  int64_t calib_tokens = 2048;
+  int64_t calib_ctx = 512;
+  std::optional<std::filesystem::path> tokenizer;  // for sources without one beside them; copied into OUT
+  bool force = false;
+  uint64_t shard_bytes = artifact::kDefaultShardBytes;
+  uint64_t seed = 0;
+};
+
+struct TensorReport {
+  std::string name;
+  Shape shape;
+  CodecChoice choice;
+  std::string method;  // "dense", "rtn", "gptq"
+  double bits_per_weight = 0;
+  uint64_t bytes = 0;
+  double loss = 0;      // Hessian-weighted error of what was stored (0 where no Hessian)
+  double rtn_loss = 0;  // the same for plain rounding
+  bool guard_tripped = false;
+};
+
+struct QuantizeReport {
+  std::vector<TensorReport> tensors;
+  uint64_t weights = 0, bytes = 0;                 // every tensor
+  uint64_t linear_weights = 0, linear_bytes = 0;   // without embedding and head (and vectors)
+  uint64_t artifact_bytes = 0;
+  double seconds = 0;
+  uint64_t peak_rss = 0;
+  int64_t calibration_tokens = 0;
+  bool source_quantized = false;
+  double bits_per_weight() const;
+  double linear_bits_per_weight() const;
+  nlohmann::json to_json() const;
+};
+
+QuantizeReport quantize(const QuantizeOptions& options);
+
+}  // namespace lowbit::quant

@@ -1,0 +1,110 @@
+// lowbit quantize SRC OUT: recipe-driven, calibrated quantization into an artifact.
+#include <unistd.h>
+
+#include <cstdio>
+#include <optional>
+#include <string>
+
+#include "cli/command.h"
+#include "lowbit/core/error.h"
+#include "lowbit/core/progress.h"
+#include "lowbit/core/thread_pool.h"
+#include "lowbit/quant/pipeline.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Args {
+  std::string source, destination;
+  std::optional<std::string> recipe_file, preset_name, calib, tokenizer;
+  std::optional<double> target_bpw;
+  int64_t calib_tokens = 2048;
+  int64_t calib_ctx = 512;
+  bool no_calib = false;
+  bool force = false;
+  bool json = false;
+  size_t threads = 0;
+  uint64_t seed = 0;
+};
+
+// The project's default calibration text (../shared/data/...), looked for beside the working directory and
+// beside the binary's checkout; LOWBIT_SHARED_DIR overrides both.
+std::optional<fs::path> default_calibration() {
+  constexpr const char* kFile = "data/calibration-debian-reference.en.txt";
+  std::vector<fs::path> roots;
+  if (const char* env = std::getenv("LOWBIT_SHARED_DIR")) roots.emplace_back(env);
+  roots.emplace_back(fs::current_path() / ".." / "shared");
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) roots.push_back(exe.parent_path() / ".." / ".." / ".." / "shared");
+  for (const auto& r : roots)
+    if (fs::is_regular_file(r / kFile, ec)) return fs::weakly_canonical(r / kFile);
+  return std::nullopt;
+}
+
+void run(const Args& a) {
+  using namespace lowbit;
+  set_default_threads(a.threads);
+  if (a.recipe_file && a.preset_name) fail(Errc::usage, "[quantize] give --recipe or --preset, not both");
+  quant::QuantizeOptions o;
+  o.source = a.source;
+  o.destination = a.destination;
+  o.recipe = a.recipe_file ? quant::Recipe::load(*a.recipe_file) : quant::preset(a.preset_name.value_or("affine4"));
+  o.target_bpw = a.target_bpw;
+  if (!a.no_calib) {
+    if (a.calib) {
+      o.calibration = fs::path(*a.calib);
+    } else if (auto def = default_calibration()) {
+      o.calibration = *def;
+    } else {
+      std::fprintf(stderr, "[quantize] no calibration text found (pass --calib FILE): plain rounding\n");
+    }
+  }
+  if (o.calibration) std::fprintf(stderr, "[quantize] calibrating on %s\n", o.calibration->string().c_str());
+  o.calib_tokens = a.calib_tokens;
+  o.calib_ctx = a.calib_ctx;
+  if (a.tokenizer) o.tokenizer = fs::path(*a.tokenizer);
+  o.force = a.force;
+  o.seed = a.seed;
+  const quant::QuantizeReport r = quant::quantize(o);
+  if (a.json) {
+    std::printf("%s\n", r.to_json().dump(1).c_str());
+    return;
+  }
+  size_t tripped = 0;
+  for (const auto& t : r.tensors) tripped += t.guard_tripped;
+  std::printf("wrote %s: %zu tensors, %s\n", a.destination.c_str(), r.tensors.size(),
+              human_bytes(r.artifact_bytes).c_str());
+  std::printf("bits per weight: %.3f overall, %.3f on the linears (without embedding and head)\n",
+              r.bits_per_weight(), r.linear_bits_per_weight());
+  std::printf("recipe %s; calibration tokens %lld; guard trips %zu; %.1f s; peak RSS %s\n",
+              o.recipe.name.c_str(), static_cast<long long>(r.calibration_tokens), tripped, r.seconds,
+              human_bytes(r.peak_rss).c_str());
+}
+
+void setup(CLI::App& root) {
+  auto args = std::make_shared<Args>();
+  auto* cmd = root.add_subcommand("quantize", "Quantize a model into a lowbit artifact");
+  cmd->add_option("source", args->source, "Model: HF directory, GGUF, llama2.c .bin, MLX directory, artifact")
+      ->required();
+  cmd->add_option("destination", args->destination, "Output artifact directory")->required();
+  cmd->add_option("--recipe", args->recipe_file, "Recipe JSON file (docs/RECIPES.md)");
+  cmd->add_option("--preset", args->preset_name,
+                  "Built-in recipe: affine4 (default), affine3, q4, q3, fivestate, trellis2, trellis3, trellis4");
+  cmd->add_option("--target-bpw", args->target_bpw, "Choose among the recipe's candidates to fit X bits per weight");
+  cmd->add_option("--calib", args->calib, "Calibration text (default: ../shared's Debian reference text)");
+  cmd->add_flag("--no-calib", args->no_calib, "Plain rounding, no calibration");
+  cmd->add_option("--calib-tokens", args->calib_tokens, "Calibration tokens")->capture_default_str();
+  cmd->add_option("--calib-ctx", args->calib_ctx, "Calibration window length")->capture_default_str();
+  cmd->add_option("--tokenizer", args->tokenizer, "Tokenizer file when not beside the source; stored in OUT");
+  cmd->add_option("--threads", args->threads, "Threads (default: all cores)");
+  cmd->add_option("--seed", args->seed, "Seed for randomized transforms")->capture_default_str();
+  cmd->add_flag("--force", args->force, "Replace an existing artifact at OUT");
+  cmd->add_flag("--json", args->json, "Print the report as JSON");
+  cmd->callback([args] { run(*args); });
+}
+
+}  // namespace
+
+LOWBIT_COMMAND(quantize, setup);

@@ -1,0 +1,155 @@
+#include "lowbit/quant/calibration.h"
+
+#include <charconv>
+#include <fstream>
+#include <sstream>
+
+#include "lowbit/core/error.h"
+#include "lowbit/core/sha256.h"
+#include "lowbit/core/thread_pool.h"
+
+namespace lowbit::quant {
+
+namespace {
+
+// Records the input of a linear into a Hessian on every call, then computes through the wrapped kernel.
+class CapturingLinear final : public kernels::CpuLinear {
+ public:
+  CapturingLinear(const kernels::CpuLinear& inner, Hessian& h) : inner_(inner), h_(h) {}
+  int64_t rows() const override { return inner_.rows(); }
+  int64_t cols() const override { return inner_.cols(); }
+  uint64_t weight_bytes() const override { return inner_.weight_bytes(); }
+  void matmul(const float* x, int64_t m, float* y, ThreadPool& pool) const override {
+    h_.add(x, m, inner_.cols());
+    inner_.matmul(x, m, y, pool);
+  }
+  void gather_rows(std::span<const int32_t> ids, float* out) const override { inner_.gather_rows(ids, out); }
+
+ private:
+  const kernels::CpuLinear& inner_;
+  Hessian& h_;
+};
+
+// Puts a capturing wrapper in `slot` for as long as it lives.
+class CaptureScope {
+ public:
+  CaptureScope(std::unique_ptr<kernels::CpuLinear>& slot, Hessian& h)
+      : slot_(slot), original_(std::move(slot)) {
+    h.dim = original_->cols();
+    slot_ = std::make_unique<CapturingLinear>(*original_, h);
+  }
+  ~CaptureScope() { slot_ = std::move(original_); }
+
+ private:
+  std::unique_ptr<kernels::CpuLinear>& slot_;
+  std::unique_ptr<kernels::CpuLinear> original_;
+};
+
+}  // namespace
+
+Hessian& LayerHessians::of(LinearInput input) {
+  switch (input) {
+    case LinearInput::attn_in: return attn_in;
+    case LinearInput::attn_out: return attn_out;
+    case LinearInput::ffn_in: return ffn_in;
+    case LinearInput::ffn_mid: return ffn_mid;
+  }
+  return attn_in;
+}
+
+bool linear_input_of(std::string_view name, int64_t& layer, LinearInput& input) {
+  constexpr std::string_view prefix = "model.layers.";
+  if (!name.starts_with(prefix)) return false;
+  name.remove_prefix(prefix.size());
+  const auto dot = name.find('.');
+  if (dot == std::string_view::npos) return false;
+  if (std::from_chars(name.data(), name.data() + dot, layer).ec != std::errc{}) return false;
+  const std::string_view rest = name.substr(dot + 1);
+  struct Row { std::string_view suffix; LinearInput input; };
+  static constexpr Row kRows[] = {
+      {"self_attn.q_proj.weight", LinearInput::attn_in}, {"self_attn.k_proj.weight", LinearInput::attn_in},
+      {"self_attn.v_proj.weight", LinearInput::attn_in}, {"self_attn.o_proj.weight", LinearInput::attn_out},
+      {"mlp.gate_proj.weight", LinearInput::ffn_in},     {"mlp.up_proj.weight", LinearInput::ffn_in},
+      {"mlp.down_proj.weight", LinearInput::ffn_mid},
+  };
+  for (const Row& r : kRows)
+    if (rest == r.suffix) {
+      input = r.input;
+      return true;
+    }
+  return false;
+}
+
+int64_t CalibrationText::tokens() const {
+  int64_t n = 0;
+  for (const auto& w : windows) n += static_cast<int64_t>(w.size());
+  return n;
+}
+
+CalibrationText load_calibration(const std::filesystem::path& path, const model::Tokenizer& tokenizer,
+                                 int64_t max_tokens, int64_t ctx) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail_errno("calibration", path.string());
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  const std::string text = buffer.str();
+  CalibrationText out;
+  out.sha256 = sha256_hex(std::as_bytes(std::span(text)));
+  // Line by line: tokenizers' merge loops grow faster than linearly with the piece they are given, and only a
+  // prefix of a long text is needed.
+  std::vector<int32_t> ids;
+  for (size_t at = 0; at < text.size() && static_cast<int64_t>(ids.size()) < max_tokens;) {
+    const size_t nl = text.find('\n', at);
+    const size_t end = nl == std::string::npos ? text.size() : nl + 1;
+    const auto piece = tokenizer.encode(std::string_view(text).substr(at, end - at), false, false);
+    ids.insert(ids.end(), piece.begin(), piece.end());
+    at = end;
+  }
+  const auto bos = tokenizer.bos_id();
+  const int64_t body = bos ? ctx - 1 : ctx;
+  for (size_t at = 0; at < ids.size() && out.tokens() < max_tokens; at += static_cast<size_t>(body)) {
+    std::vector<int32_t> w;
+    if (bos) w.push_back(*bos);
+    const size_t end = std::min(ids.size(), at + static_cast<size_t>(body));
+    w.insert(w.end(), ids.begin() + static_cast<std::ptrdiff_t>(at), ids.begin() + static_cast<std::ptrdiff_t>(end));
+    if (w.size() < 2) break;
+    out.windows.push_back(std::move(w));
+  }
+  if (out.windows.empty()) fail(Errc::format, "[calibration] {}: no tokens to calibrate on", path.string());
+  return out;
+}
+
+LayerwiseCalibrator::LayerwiseCalibrator(model::Model& model, const CalibrationText& text) : model_(model) {
+  const int64_t dim = model.config.dim;
+  for (const auto& w : text.windows) {
+    ctx_ = std::max<int64_t>(ctx_, static_cast<int64_t>(w.size()));
+    std::vector<float> x(w.size() * static_cast<size_t>(dim));
+    model.embed->gather_rows(w, x.data());  // x [len, dim]
+    hidden_.push_back(std::move(x));
+  }
+}
+
+void LayerwiseCalibrator::run_layer(int64_t layer) {
+  const int64_t dim = model_.config.dim;
+  model::KvCache cache(model_.config, ctx_);
+  for (auto& x : hidden_) {
+    const auto m = static_cast<int64_t>(x.size()) / dim;
+    model::forward_layers(model_, cache, x.data(), m, 0, layer, layer + 1, default_pool());
+  }
+}
+
+LayerHessians LayerwiseCalibrator::capture(int64_t layer) {
+  LayerHessians h;
+  auto& w = model_.layers.at(static_cast<size_t>(layer));
+  const std::vector<std::vector<float>> saved = hidden_;
+  {
+    CaptureScope q(w.wq, h.attn_in), o(w.wo, h.attn_out), gate(w.gate, h.ffn_in), down(w.down, h.ffn_mid);
+    run_layer(layer);
+  }
+  hidden_ = saved;
+  return h;
+}
+
+void LayerwiseCalibrator::advance(int64_t layer) { run_layer(layer); }
+
+}  // namespace lowbit::quant

@@ -1,0 +1,239 @@
+#include "lowbit/quant/pipeline.h"
+
+#include <chrono>
+#include <cstdio>
+#include <algorithm>
+#include <deque>
+#include <map>
+
+#include "lowbit/artifact/writer.h"
+#include "lowbit/core/checked.h"
+#include "lowbit/core/error.h"
+#include "lowbit/core/progress.h"
+#include "lowbit/core/sha256.h"
+#include "lowbit/kernels/cpu.h"
+#include "lowbit/model/model.h"
+#include "lowbit/quant/calibration.h"
+#include "lowbit/quant/gptq.h"
+
+namespace lowbit::quant {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+bool is_head_or_embedding(std::string_view name) {
+  return name.ends_with("embed_tokens.weight") || name == "lm_head.weight";
+}
+
+uint64_t encoded_bytes(const codec::EncodedTensor& t) {
+  uint64_t n = 0;
+  for (const auto& [role, buffer] : t.arrays) n += buffer.bytes.size();
+  return n;
+}
+
+std::unique_ptr<kernels::CpuLinear>* layer_slot(model::LayerWeights& w, std::string_view name) {
+  struct Row { std::string_view suffix; std::unique_ptr<kernels::CpuLinear> model::LayerWeights::*slot; };
+  static constexpr Row kRows[] = {
+      {"self_attn.q_proj.weight", &model::LayerWeights::wq}, {"self_attn.k_proj.weight", &model::LayerWeights::wk},
+      {"self_attn.v_proj.weight", &model::LayerWeights::wv}, {"self_attn.o_proj.weight", &model::LayerWeights::wo},
+      {"mlp.gate_proj.weight", &model::LayerWeights::gate},  {"mlp.up_proj.weight", &model::LayerWeights::up},
+      {"mlp.down_proj.weight", &model::LayerWeights::down},
+  };
+  for (const Row& r : kRows)
+    if (name.ends_with(r.suffix)) return &(w.*r.slot);
+  return nullptr;
+}
+
+// Tokenizer and config files that travel with the model into the artifact.
+std::vector<fs::path> tokenizer_files(const QuantizeOptions& o) {
+  std::vector<fs::path> files;
+  if (o.tokenizer) files.push_back(*o.tokenizer);
+  std::error_code ec;
+  if (fs::is_directory(o.source, ec))
+    for (const char* name : {"tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json",
+                             "generation_config.json"})
+      if (fs::is_regular_file(o.source / name) && (!o.tokenizer || o.tokenizer->filename() != name))
+        files.push_back(o.source / name);
+  return files;
+}
+
+std::vector<artifact::SourceFile> source_files(const fs::path& source) {
+  std::vector<artifact::SourceFile> out;
+  auto add = [&](const fs::path& p) {
+    out.push_back({p.filename().string(), static_cast<uint64_t>(fs::file_size(p)), sha256_file(p)});
+  };
+  std::error_code ec;
+  if (fs::is_directory(source, ec)) {
+    std::vector<fs::path> paths;
+    for (const auto& e : fs::directory_iterator(source))
+      if (e.is_regular_file()) paths.push_back(e.path());
+    std::sort(paths.begin(), paths.end());
+    for (const auto& p : paths) add(p);
+  } else {
+    add(source);
+  }
+  return out;
+}
+
+class Quantizer {
+ public:
+  Quantizer(const QuantizeOptions& o, model::Model& model, artifact::ArtifactWriter& writer, QuantizeReport& report)
+      : o_(o), model_(model), writer_(writer), report_(report) {}
+
+  // Encodes one tensor with its recipe's choice (GPTQ where a Hessian and a column quantizer exist), writes it,
+  // and returns the stored encoding for the caller to run the model on.
+  codec::EncodedTensor encode(const model::NamedTensor& t, const Hessian* h) {
+    const std::vector<float> w = codec::decode_all(t.ref);
+    const CodecChoice choice = o_.recipe.choose(t.name, t.ref.shape);
+    const codec::Codec& codec = codec::codec_or_throw(choice.codec, t.name);
+    TensorReport r{t.name, t.ref.shape, choice, "rtn"};
+    codec::EncodeOptions eo;
+    eo.seed = o_.seed;
+    codec::EncodedTensor enc;
+    if (choice.codec == "dense") {
+      r.method = "dense";
+      enc = codec.encode(choice.params, t.ref.shape, w.data(), eo);
+    } else if (h && h->dim > 0 && codec.quantize_column) {
+      GptqOptions go;
+      go.encode = eo;
+      RoundingResult rr = gptq_quantize(codec, choice.params, t.ref.shape, w.data(), *h, go);
+      r.method = rr.guard_tripped ? "rtn" : "gptq";
+      r.loss = rr.loss;
+      r.rtn_loss = rr.rtn_loss;
+      r.guard_tripped = rr.guard_tripped;
+      enc = std::move(rr.tensor);
+    } else {
+      enc = codec.encode(choice.params, t.ref.shape, w.data(), eo);
+      if (h && h->dim > 0) {
+        const auto q = codec::decode_all({&codec, enc.params, t.ref.shape, enc.views()});
+        r.loss = r.rtn_loss = hessian_loss(w, q, codec::matrix_dims(t.ref.shape).first, *h);
+      }
+    }
+    r.bytes = encoded_bytes(enc);
+    r.bits_per_weight = codec::bits_per_weight(codec, enc.params, t.ref.shape);
+    record(r);
+    writer_.add(t.name, t.ref.shape, choice.codec, enc);
+    return enc;
+  }
+
+ private:
+  void record(const TensorReport& r) {
+    const uint64_t n = checked_numel(r.shape, r.name);
+    report_.weights += n;
+    report_.bytes += r.bytes;
+    if (r.shape.size() == 2 && !is_head_or_embedding(r.name)) {
+      report_.linear_weights += n;
+      report_.linear_bytes += r.bytes;
+    }
+    report_.tensors.push_back(r);
+  }
+
+  const QuantizeOptions& o_;
+  model::Model& model_;
+  artifact::ArtifactWriter& writer_;
+  QuantizeReport& report_;
+};
+
+}  // namespace
+
+double QuantizeReport::bits_per_weight() const { return weights ? 8.0 * bytes / weights : 0.0; }
+double QuantizeReport::linear_bits_per_weight() const {
+  return linear_weights ? 8.0 * linear_bytes / linear_weights : 0.0;
+}
+
+nlohmann::json QuantizeReport::to_json() const {
+  nlohmann::json tensors_json = nlohmann::json::array();
+  for (const auto& t : tensors)
+    tensors_json.push_back({{"name", t.name}, {"shape", t.shape}, {"codec", t.choice.codec},
+                            {"params", t.choice.params}, {"method", t.method},
+                            {"bits_per_weight", t.bits_per_weight}, {"bytes", t.bytes}, {"proxy_loss", t.loss},
+                            {"rtn_proxy_loss", t.rtn_loss}, {"guard_tripped", t.guard_tripped}});
+  return {{"tensors", tensors_json},
+          {"weights", weights},
+          {"bytes", bytes},
+          {"bits_per_weight", bits_per_weight()},
+          {"linear_bits_per_weight", linear_bits_per_weight()},
+          {"artifact_bytes", artifact_bytes},
+          {"wall_seconds", seconds},
+          {"peak_rss_bytes", peak_rss},
+          {"calibration_tokens", calibration_tokens},
+          {"source_quantized", source_quantized}};
+}
+
+QuantizeReport quantize(const QuantizeOptions& o) {
+  const auto start = std::chrono::steady_clock::now();
+  QuantizeReport report;
+  std::unique_ptr<model::Model> model = model::load_model(o.source);
+  for (const auto& t : model->tensors)
+    if (t.ref.codec->id != "dense") report.source_quantized = true;
+  if (report.source_quantized)
+    std::fprintf(stderr, "[quantize] warning: %s is already quantized; quality is bounded by the source\n",
+                 o.source.string().c_str());
+
+  std::optional<CalibrationText> calib;
+  if (o.calibration) {
+    const auto tokenizer = model::load_tokenizer(o.source, o.tokenizer);
+    calib = load_calibration(*o.calibration, *tokenizer, o.calib_tokens, std::min(o.calib_ctx, model->config.max_seq));
+    report.calibration_tokens = calib->tokens();
+  }
+
+  artifact::ArtifactWriter writer(o.destination, {o.shard_bytes, o.force});
+  Quantizer quantizer(o, *model, writer, report);
+  Progress progress("quantize", model->tensors.size(), "tensors");
+
+  // Tensors outside the layers' linears first: embedding, norms, head, biases.
+  std::map<int64_t, std::vector<const model::NamedTensor*>> by_layer;
+  for (const auto& t : model->tensors) {
+    int64_t layer;
+    LinearInput input;
+    if (linear_input_of(t.name, layer, input)) {
+      by_layer[layer].push_back(&t);
+      continue;
+    }
+    quantizer.encode(t, nullptr);
+    progress.advance();
+  }
+
+  std::optional<LayerwiseCalibrator> calibrator;
+  if (calib) calibrator.emplace(*model, *calib);
+  for (auto& [layer, tensors] : by_layer) {
+    LayerHessians hessians;
+    if (calibrator) hessians = calibrator->capture(layer);
+    // The layer's quantized weights replace its dense ones so the next layer calibrates on them.
+    std::deque<codec::EncodedTensor> stored;
+    for (const model::NamedTensor* t : tensors) {
+      int64_t l;
+      LinearInput input;
+      linear_input_of(t->name, l, input);
+      progress.set_note(t->name);
+      stored.push_back(quantizer.encode(*t, calibrator ? &hessians.of(input) : nullptr));
+      if (calibrator) {
+        auto* slot = layer_slot(model->layers.at(static_cast<size_t>(layer)), t->name);
+        *slot = kernels::prepare_cpu({&codec::codec_or_throw(report.tensors.back().choice.codec, t->name),
+                                      stored.back().params, t->ref.shape, stored.back().views()});
+      }
+      progress.advance();
+    }
+    if (calibrator) calibrator->advance(layer);
+  }
+  progress.finish();
+
+  writer.set_config(model::config_to_hf_json(model->config));
+  for (const auto& f : tokenizer_files(o)) writer.add_file(f, artifact::FileRole::tokenizer);
+  artifact::Provenance prov;
+  prov.tool = "lowbit " LOWBIT_VERSION;
+  prov.sources = source_files(o.source);
+  prov.recipe = o.recipe.to_json();
+  if (calib) prov.calibration_sha256 = calib->sha256;
+  prov.seeds["quantize"] = o.seed;
+  writer.set_provenance(prov);
+  report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  report.peak_rss = peak_rss_bytes();
+  writer.set_quality({{"quantize", report.to_json()}});
+  const artifact::Manifest& manifest = writer.commit();
+  for (const auto& f : manifest.files) report.artifact_bytes += f.size;
+  return report;
+}
+
+}  // namespace lowbit::quant
