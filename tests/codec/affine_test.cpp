@@ -54,6 +54,10 @@ std::vector<Golden> goldens() {
       // 3 bits: code 10 = 7 occupies bits 30..32 (straddles words 0 and 1); code 21 = 5 = 0b101 occupies bits
       // 63..65: bit 63 (word 1 bit 31) and bit 65 (word 2 bit 1).
       {3, codes({{10, 7}, {21, 5}}), {0xC0000000u, 0x80000001u, 0x00000002u}},
+      // 3 bits: the worked example of docs/CODECS.md; code 10 = 6 = 0b110 straddles: bit 30 = 0, bits 31 and
+      // 32 = 1; code 11 = 3 continues at bit 33.
+      {3, codes({{0, 5}, {1, 3}, {2, 7}, {3, 1}, {5, 6}, {6, 2}, {7, 4}, {8, 7}, {9, 7}, {10, 6}, {11, 3}}),
+       {0xBF8B03DDu, 0x00000007u, 0u}},
       // 4 bits: codes 0..7 = 0..7 -> 0x76543210; codes 8..15 = 8..15 -> 0xFEDCBA98; code 31 = 15.
       {4,
        codes({{1, 1}, {2, 2}, {3, 3}, {4, 4}, {5, 5}, {6, 6}, {7, 7}, {8, 8}, {9, 9}, {10, 10}, {11, 11}, {12, 12},
