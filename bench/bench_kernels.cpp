@@ -35,6 +35,8 @@ const std::map<std::string, std::vector<Params>>& bench_params() {
     t["two_plane"] = {{{"storage", "planes"}, {"metadata", "full"}},
                       {{"storage", "quint5"}, {"metadata", "slim"}},
                       {{"storage", "trit3"}, {"metadata", "full"}}};
+    // L = 12 keeps the Viterbi encode of these shapes to minutes; bench_trellis_matvec covers L = 16.
+    t["trellis"] = {{{"L", 12}, {"k", 2}, {"code", "1mad"}}, {{"L", 12}, {"k", 4}, {"code", "1mad"}}};
     return t;
   }();
   return table;

@@ -40,6 +40,15 @@ const std::map<std::string, Example>& examples() {
     affine.params.push_back({{"bits", 2}, {"group_size", 128}, {"scale_dtype", "bf16"}});
     affine.widths = {1, 31, 32, 33, 200, 544};
     t["affine"] = affine;
+    t["offset_scale"] = {{{{"precision", "q3"}}, {{"precision", "q3_full8"}}, {{"precision", "q4"}}},
+                         {1, 63, 64, 65, 200, 544}};
+    Example two_plane;
+    for (const char* storage : {"planes", "quint5", "trit3"})
+      two_plane.params.push_back({{"storage", storage}, {"metadata", "full"}, {"scale_dtype", "bf16"}});
+    two_plane.params.push_back({{"storage", "planes"}, {"metadata", "slim"}, {"scale_dtype", "f16"}});
+    two_plane.params.push_back({{"storage", "quint5"}, {"metadata", "slim"}, {"scale_dtype", "f32"}});
+    two_plane.widths = {1, 127, 128, 129, 300};
+    t["two_plane"] = two_plane;
     Example trellis;  // small L keeps the Viterbi encodes cheap; every rotation and scale layout
     trellis.params.push_back({{"L", 8}, {"k", 2}, {"code", "1mad"}});
     trellis.params.push_back({{"L", 10}, {"k", 3}, {"code", "3inst"}, {"rotate", "both"}, {"scale", "tensor"}});

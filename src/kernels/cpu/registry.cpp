@@ -3,7 +3,9 @@
 
 #include "kernels/cpu/affine_kernels.h"
 #include "kernels/cpu/dense_kernels.h"
+#include "kernels/cpu/offset_scale_kernels.h"
 #include "kernels/cpu/trellis_kernels.h"
+#include "kernels/cpu/two_plane_kernels.h"
 #include "lowbit/core/error.h"
 #include "lowbit/kernels/cpu.h"
 
@@ -14,6 +16,8 @@ constexpr std::array kCpuKernels{
     CpuKernelEntry{"dense", prepare_dense},
     CpuKernelEntry{"affine", prepare_affine},
     CpuKernelEntry{"trellis", prepare_trellis},
+    CpuKernelEntry{"offset_scale", prepare_offset_scale},
+    CpuKernelEntry{"two_plane", prepare_two_plane},
 };
 }  // namespace
 

@@ -1,0 +1,13 @@
+// CPU kernels for the two_plane codec (lowbit/codec/two_plane.h): whatever the storage (planes, quint5, trit3)
+// and metadata (full, slim), prepare decodes one row at a time into four bit planes per group of 128 (base bits
+// 0 and 1, residual bits 0 and 1) with f32 {base scale, residual scale, base bias + residual bias}
+// (bitplane_kernels.h), so one kernel pass computes base + residual.
+#pragma once
+
+#include <memory>
+
+#include "lowbit/kernels/cpu.h"
+
+namespace lowbit::kernels {
+std::unique_ptr<CpuLinear> prepare_two_plane(const codec::TensorRef& tensor);
+}
