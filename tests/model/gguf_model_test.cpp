@@ -1,0 +1,145 @@
+// GGUF models: a tiny llama file built in memory loads with the right config, names and values; the Qwen3
+// vocabulary carried the way GGUF embeds it (tokens, token types, merges, pre "qwen2") encodes like the
+// tokenizer.json fixture.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "io/gguf_builder.h"
+#include "lowbit/codec/codec.h"
+#include "lowbit/core/dtype.h"
+#include "lowbit/core/error.h"
+#include "lowbit/model/gguf_model.h"
+
+namespace lowbit::model {
+namespace {
+
+namespace fs = std::filesystem;
+using io::GgmlType;
+using io::GgufBuilder;
+using io::GgufValueType;
+
+fs::path write_temp(const std::vector<uint8_t>& image, const std::string& name) {
+  const auto path = fs::temp_directory_path() / (name + "_" + std::to_string(::getpid()) + ".gguf");
+  std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(image.data()), static_cast<std::streamsize>(image.size()));
+  return path;
+}
+
+std::vector<uint8_t> f32_bytes(const std::vector<float>& v) {
+  std::vector<uint8_t> out(v.size() * 4);
+  std::memcpy(out.data(), v.data(), out.size());
+  return out;
+}
+
+// Q8_0 blocks whose element i is (i % 7 - 3) * 0.5.
+std::vector<uint8_t> q8_bytes(size_t n) {
+  std::vector<uint8_t> out;
+  for (size_t b = 0; b < n / 32; ++b) {
+    const uint16_t d = f32_to_f16(0.5f);
+    out.push_back(static_cast<uint8_t>(d & 0xFF));
+    out.push_back(static_cast<uint8_t>(d >> 8));
+    for (size_t j = 0; j < 32; ++j) out.push_back(static_cast<uint8_t>(static_cast<int8_t>((b * 32 + j) % 7) - 3));
+  }
+  return out;
+}
+
+TEST(GgufModel, TinyLlamaLoadsWithConfigNamesAndValues) {
+  const uint64_t dim = 64, hidden = 96, vocab = 32, heads = 4, kv_heads = 2, kv_dim = dim / heads * kv_heads;
+  GgufBuilder g;
+  g.kv_string("general.architecture", "llama");
+  g.kv_scalar<uint32_t>("llama.embedding_length", GgufValueType::u32, dim);
+  g.kv_scalar<uint32_t>("llama.block_count", GgufValueType::u32, 1);
+  g.kv_scalar<uint32_t>("llama.feed_forward_length", GgufValueType::u32, hidden);
+  g.kv_scalar<uint32_t>("llama.attention.head_count", GgufValueType::u32, heads);
+  g.kv_scalar<uint32_t>("llama.attention.head_count_kv", GgufValueType::u32, kv_heads);
+  g.kv_scalar<uint32_t>("llama.context_length", GgufValueType::u32, 256);
+  g.kv_scalar<float>("llama.rope.freq_base", GgufValueType::f32, 100000.0f);
+  g.kv_scalar<float>("llama.attention.layer_norm_rms_epsilon", GgufValueType::f32, 1e-6f);
+  const std::vector<float> norm(dim, 1.0f);
+  g.tensor("token_embd.weight", {dim, vocab}, GgmlType::Q8_0, q8_bytes(dim * vocab));
+  g.tensor("output_norm.weight", {dim}, GgmlType::F32, f32_bytes(norm));
+  g.tensor("blk.0.attn_norm.weight", {dim}, GgmlType::F32, f32_bytes(norm));
+  g.tensor("blk.0.ffn_norm.weight", {dim}, GgmlType::F32, f32_bytes(norm));
+  g.tensor("blk.0.attn_q.weight", {dim, dim}, GgmlType::Q8_0, q8_bytes(dim * dim));
+  g.tensor("blk.0.attn_k.weight", {dim, kv_dim}, GgmlType::Q8_0, q8_bytes(dim * kv_dim));
+  g.tensor("blk.0.attn_v.weight", {dim, kv_dim}, GgmlType::Q8_0, q8_bytes(dim * kv_dim));
+  g.tensor("blk.0.attn_output.weight", {dim, dim}, GgmlType::Q8_0, q8_bytes(dim * dim));
+  g.tensor("blk.0.ffn_gate.weight", {dim, hidden}, GgmlType::Q8_0, q8_bytes(dim * hidden));
+  g.tensor("blk.0.ffn_up.weight", {dim, hidden}, GgmlType::Q8_0, q8_bytes(dim * hidden));
+  g.tensor("blk.0.ffn_down.weight", {hidden, dim}, GgmlType::Q8_0, q8_bytes(dim * hidden));
+  const auto path = write_temp(g.build(), "lowbit_tiny_llama");
+  const auto model = load_gguf_model(path);
+  fs::remove(path);
+
+  const ModelConfig& c = model->config;
+  EXPECT_EQ(c.arch, "llama");
+  EXPECT_EQ(c.dim, 64);
+  EXPECT_EQ(c.n_heads, 4);
+  EXPECT_EQ(c.n_kv_heads, 2);
+  EXPECT_EQ(c.head_dim, 16);
+  EXPECT_EQ(c.hidden_dim, 96);
+  EXPECT_EQ(c.vocab, 32);
+  EXPECT_EQ(c.max_seq, 256);
+  EXPECT_EQ(c.rope_theta, 100000.0);
+  EXPECT_EQ(c.norm_eps, 1e-6f);
+  EXPECT_EQ(c.rope_style, RopeStyle::interleaved);
+  EXPECT_TRUE(c.tied_embeddings);
+  const NamedTensor* k = model->find("model.layers.0.self_attn.k_proj.weight");
+  ASSERT_NE(k, nullptr);
+  EXPECT_EQ(k->ref.shape, (Shape{static_cast<int64_t>(kv_dim), static_cast<int64_t>(dim)}));
+  const auto values = codec::decode_all(k->ref);
+  for (size_t i = 0; i < values.size(); ++i) ASSERT_EQ(values[i], static_cast<float>(static_cast<int>(i % 7) - 3) * 0.5f) << i;
+}
+
+TEST(GgufModel, UnknownArchitectureIsRejected) {
+  GgufBuilder g;
+  g.kv_string("general.architecture", "gpt-neox");
+  const auto path = write_temp(g.build(), "lowbit_neox");
+  try {
+    load_gguf_model(path);
+    ADD_FAILURE() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::unsupported);
+  }
+  fs::remove(path);
+}
+
+TEST(GgufModel, EmbeddedGpt2TokenizerMatchesQwen3Fixture) {
+  const fs::path tokenizer = fs::path(LOWBIT_SHARED_DIR) / "tokenizers/qwen3/tokenizer.json";
+  if (!fs::exists(tokenizer)) GTEST_SKIP() << tokenizer << " absent (../shared not mounted)";
+  const auto hf = nlohmann::json::parse(std::ifstream(tokenizer));
+  std::vector<std::string> tokens(hf.at("model").at("vocab").size() + hf.at("added_tokens").size());
+  std::vector<int32_t> types(tokens.size(), 1);
+  for (const auto& [text, id] : hf.at("model").at("vocab").items()) tokens.at(id.get<size_t>()) = text;
+  for (const auto& added : hf.at("added_tokens")) {
+    const auto id = added.at("id").get<size_t>();
+    tokens.at(id) = added.at("content").get<std::string>();
+    types.at(id) = added.at("special").get<bool>() ? 3 : 4;
+  }
+  std::vector<std::string> merges;
+  for (const auto& m : hf.at("model").at("merges")) merges.push_back(m[0].get<std::string>() + " " + m[1].get<std::string>());
+  GgufBuilder g;
+  g.kv_string("tokenizer.ggml.model", "gpt2");
+  g.kv_string("tokenizer.ggml.pre", "qwen2");
+  g.kv_strings("tokenizer.ggml.tokens", tokens);
+  g.kv_array<int32_t>("tokenizer.ggml.token_type", GgufValueType::i32, types);
+  g.kv_strings("tokenizer.ggml.merges", merges);
+  g.kv_scalar<uint32_t>("tokenizer.ggml.eos_token_id", GgufValueType::u32, 151645);
+  const auto image = g.build();
+  const auto file = io::GgufFile::from_bytes(std::as_bytes(std::span(image)), "qwen3.gguf");
+  const auto tok = gguf_tokenizer(file);
+  EXPECT_EQ(tok->eos_ids().front(), 151645);
+  const auto fixture =
+      nlohmann::json::parse(std::ifstream(fs::path(LOWBIT_SOURCE_DIR) / "tests/model/fixtures/tokenizer_qwen3.json"));
+  for (const auto& [name, text] : fixture.at("texts").items())
+    EXPECT_EQ(tok->encode(text.get<std::string>(), false, true),
+              fixture.at("expected").at(name).at("ids").get<std::vector<int32_t>>())
+        << name;
+}
+
+}  // namespace
+}  // namespace lowbit::model
