@@ -307,6 +307,7 @@ void check_file_name(std::string_view name, std::string_view context) {
   if (name.front() == '/') fail(Errc::unsafe_path, "{}: '{}' is an absolute path", context, name);
   if (name.find('/') != std::string_view::npos || name.find('\\') != std::string_view::npos)
     fail(Errc::unsafe_path, "{}: '{}' contains a path separator", context, name);
+  if (name == "." || name == "..") fail(Errc::unsafe_path, "{}: '{}' names a directory", context, name);
   if (name.front() == '.') fail(Errc::unsafe_path, "{}: '{}' starts with '.'", context, name);
 }
 

@@ -121,8 +121,12 @@ struct Artifact::Impl {
     if (e.shape != a.shape)
       fail(Errc::shape, "{} {}: '{}' has shape {}, the manifest declares {}", kOp, f.path.string(), a.key,
            shape_str(e.shape), shape_str(a.shape));
+    const uint64_t offset = f.header.data_start + e.begin;
+    if (offset % dtype_size(e.dtype) != 0)
+      fail(Errc::layout, "{} {}: '{}' starts at byte {}, not aligned to its {}-byte elements", kOp, f.path.string(),
+           a.key, offset, dtype_size(e.dtype));
     f.used[it->second] = true;
-    return {e.dtype, e.shape, f.map.bytes().subspan(f.header.data_start + e.begin, e.end - e.begin)};
+    return {e.dtype, e.shape, f.map.bytes().subspan(offset, e.end - e.begin)};
   }
 
   void build_tensors() {

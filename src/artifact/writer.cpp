@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <csignal>
 #include <functional>
@@ -166,6 +167,10 @@ struct ArtifactWriter::Impl {
     if (shard.empty()) return;
     const std::string file = shard_name();
     const fs::path path = staging / file;
+    // Larger elements first: with the header padded to 8 bytes every array is then aligned to its element size.
+    std::stable_sort(shard.begin(), shard.end(), [](const auto& a, const auto& b) {
+      return dtype_size(a.second.dtype) > dtype_size(b.second.dtype);
+    });
     io::SafetensorsWriter writer(path, {{"format", "lowbit"}});
     for (const auto& [key, array] : shard) writer.declare(key, array.dtype, array.shape);
     for (const auto& [key, array] : shard) writer.write(key, array.bytes);
