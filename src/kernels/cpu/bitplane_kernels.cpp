@@ -20,23 +20,7 @@ namespace hn = hwy::HWY_NAMESPACE;
 using DF = hn::ScalableTag<float>;
 using DU = hn::RebindToUnsigned<DF>;
 
-constexpr int kPlaneGroup = 64;  // offset_scale q3 / q3_full8: 3 planes of 64 bits, then {scale}
-constexpr int kPlanes = 3;
-constexpr int kPlaneBytes = kPlaneGroup / 8;
-constexpr int kPlaneRecord = kPlanes * kPlaneBytes + 4;
-
-// The nibble kinds: group size, metadata floats and the table coefficients of a code.
-template <int G, bool kTwoPlanes>
-struct Nibbles {
-  static constexpr int kGroup = G;
-  static constexpr bool kTwo = kTwoPlanes;
-  static constexpr int kCodeBytes = G / 2;
-  static constexpr int kRecordBytes = kCodeBytes + 4 * (kTwoPlanes ? 3 : 1);
-  static constexpr float C0(int code) { return static_cast<float>(kTwoPlanes ? code & 3 : code); }
-  static constexpr float C1(int code) { return static_cast<float>(kTwoPlanes ? code >> 2 : 0); }
-};
-using OffsetScale4 = Nibbles<64, false>;
-using TwoPlane = Nibbles<128, true>;
+constexpr int N = static_cast<int>(hn::MaxLanes(DF()));
 
 HWY_INLINE float LoadMeta(const uint8_t* p, int i) {
   float v;
@@ -44,52 +28,62 @@ HWY_INLINE float LoadMeta(const uint8_t* p, int i) {
   return v;
 }
 
-// Lane mask of vector v of a plane (bit j of the plane is lane j of the group).
-HWY_INLINE hn::Mask<DF> PlaneMask(DF d, const uint8_t* plane, int v) {
-  constexpr size_t N = hn::MaxLanes(DF());
+// Lane mask of vector v of a bit plane (bit j of the plane is weight j of the group).
+HWY_INLINE hn::Mask<DU> PlaneMask(const uint8_t* plane, int v) {
+  const DU du;
   if constexpr (N >= 8) {
-    return hn::LoadMaskBits(d, plane + v * N / 8);
+    return hn::LoadMaskBits(du, plane + v * N / 8);
   } else {
     const uint8_t bits = static_cast<uint8_t>(plane[v * N / 8] >> ((v * N) % 8));
-    return hn::LoadMaskBits(d, &bits);
+    return hn::LoadMaskBits(du, &bits);
   }
 }
 
-// y[r] for R consecutive rows of 3-bit planes.
-template <int R>
-HWY_INLINE void PlaneRowsDot(const uint8_t* rows_base, int64_t row_stride, int64_t groups,
-                             const BitplaneActivations& x, float bias_per_scale, float* y) {
-  const DF d;
-  constexpr int N = static_cast<int>(hn::MaxLanes(DF()));
-  hn::Vec<DF> acc[R];
-  float bias_acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = hn::Zero(d), bias_acc[r] = 0.0f;
-  for (int64_t g = 0; g < groups; ++g) {
-    const uint8_t* rec[R];
-    hn::Vec<DF> t[R];
-    for (int r = 0; r < R; ++r) rec[r] = rows_base + r * row_stride + g * kPlaneRecord, t[r] = hn::Zero(d);
-    const float* xg = x.multiples + g * kPlaneGroup;
-    for (int v = 0; v < kPlaneGroup / N; ++v) {
-      hn::Vec<DF> xv[kPlanes];
-      for (int p = 0; p < kPlanes; ++p) xv[p] = hn::LoadU(d, xg + p * x.padded_cols + v * N);
-      for (int r = 0; r < R; ++r)
-        for (int p = 0; p < kPlanes; ++p)
-          t[r] = hn::IfThenElse(PlaneMask(d, rec[r] + p * kPlaneBytes, v), hn::Add(t[r], xv[p]), t[r]);
-    }
-    for (int r = 0; r < R; ++r) {
-      const float scale = LoadMeta(rec[r] + kPlanes * kPlaneBytes, 0);
-      acc[r] = hn::MulAdd(hn::Set(d, scale), t[r], acc[r]);
-      bias_acc[r] += bias_per_scale * scale * x.group_sums[g];
-    }
-  }
-  for (int r = 0; r < R; ++r) y[r] = hn::GetLane(hn::SumOfLanes(d, acc[r])) + bias_acc[r];
+// N bytes of a record as u32 lanes.
+HWY_INLINE hn::Vec<DU> LoadBytes(const uint8_t* p) {
+  const hn::Rebind<uint8_t, DU> d8;
+  return hn::PromoteTo(DU(), hn::LoadU(d8, p));
 }
 
-// A group's 16-entry table of values: one vector for 16 lanes, two for 8, a scalar array below.
+// The kinds. A block is kSubs vectors of N consecutive weights; Codes() gives the codes (table indices) of
+// vector s of block b from the block's bytes.
+template <int G, bool kTwoPlanes>
+struct Nibbles {  // block of 2N weights in N bytes: byte j = code j | code (j + N) << 4
+  static constexpr int kGroup = G, kSubs = 2, kEntries = 16, kCodeBytes = G / 2;
+  static constexpr int kRecordBytes = kCodeBytes + 4 * (kTwoPlanes ? 3 : 1);
+  static constexpr bool kTwo = kTwoPlanes;
+  static constexpr float C0(int code) { return static_cast<float>(kTwoPlanes ? code & 3 : code); }
+  static constexpr float C1(int code) { return static_cast<float>(kTwoPlanes ? code >> 2 : 0); }
+  static HWY_INLINE hn::Vec<DU> Bytes(const uint8_t* rec, int b) { return LoadBytes(rec + b * N); }
+  static HWY_INLINE hn::Vec<DU> Codes(hn::Vec<DU> bytes, const uint8_t*, int, int s) {
+    return s == 0 ? hn::And(bytes, hn::Set(DU(), 15u)) : hn::ShiftRight<4>(bytes);
+  }
+};
+
+struct Crumbs3 {  // block of 4N weights: N bytes of low 2 bits (weight j + kN in bits 2k, 2k + 1 of byte j),
+                  // and per group a plane of high bits after all blocks
+  static constexpr int kGroup = 64, kSubs = 4, kEntries = 8, kCodeBytes = kGroup / 4 + kGroup / 8;
+  static constexpr int kRecordBytes = kCodeBytes + 4;
+  static constexpr bool kTwo = false;
+  static constexpr float C0(int code) { return static_cast<float>(code); }
+  static constexpr float C1(int) { return 0.0f; }
+  static HWY_INLINE hn::Vec<DU> Bytes(const uint8_t* rec, int b) { return LoadBytes(rec + b * N); }
+  static HWY_INLINE hn::Vec<DU> Codes(hn::Vec<DU> bytes, const uint8_t* rec, int b, int s) {
+    const DU du;
+    const auto low = hn::And(hn::ShiftRightSame(bytes, 2 * s), hn::Set(du, 3u));
+    return hn::IfThenElse(PlaneMask(rec + kGroup / 4, b * kSubs + s), hn::Or(low, hn::Set(du, 4u)), low);
+  }
+};
+
+using OffsetScale3 = Crumbs3;
+using OffsetScale4 = Nibbles<64, false>;
+using TwoPlane = Nibbles<128, true>;
+
+// A group's table of values, lut[code] = s0 * C0(code) + s1 * C1(code) + bias: one vector when it fits, two
+// for 16 entries in 8 lanes, a scalar array below.
 template <class K>
 struct Lut {
-  static constexpr size_t N = hn::MaxLanes(DF());
-  static constexpr int kVectors = N >= 16 ? 1 : N == 8 ? 2 : 0;
+  static constexpr int kVectors = N >= K::kEntries ? 1 : N == 8 ? 2 : 0;
   hn::Vec<DF> v[kVectors > 0 ? kVectors : 1];
   float table[16];
 
@@ -99,16 +93,15 @@ struct Lut {
     const float s1 = K::kTwo ? LoadMeta(meta, 1) : 0.0f;
     const float bias = K::kTwo ? LoadMeta(meta, 2) : bias_per_scale * s0;
     if constexpr (kVectors > 0) {
-      alignas(64) static constexpr auto kC0 = Coefficients(0), kC1 = Coefficients(1);
       for (int i = 0; i < kVectors; ++i)
-        v[i] = hn::MulAdd(hn::Set(d, s0), hn::Load(d, kC0.data() + i * N),
-                          hn::MulAdd(hn::Set(d, s1), hn::Load(d, kC1.data() + i * N), hn::Set(d, bias)));
+        v[i] = hn::MulAdd(hn::Set(d, s0), hn::LoadU(d, kC0.data() + i * N),
+                          hn::MulAdd(hn::Set(d, s1), hn::LoadU(d, kC1.data() + i * N), hn::Set(d, bias)));
     } else {
-      for (int c = 0; c < 16; ++c) table[c] = s0 * K::C0(c) + (s1 * K::C1(c) + bias);
+      for (int c = 0; c < K::kEntries; ++c) table[c] = s0 * K::C0(c) + (s1 * K::C1(c) + bias);
     }
   }
 
-  // Values of codes (u32 lanes in 0..15).
+  // Values of codes (u32 lanes below kEntries).
   HWY_INLINE hn::Vec<DF> Lookup(hn::Vec<DU> codes) const {
     const DF d;
     const DU du;
@@ -122,35 +115,26 @@ struct Lut {
       alignas(64) uint32_t c[N];
       alignas(64) float w[N];
       hn::Store(codes, du, c);
-      for (size_t i = 0; i < N; ++i) w[i] = table[c[i]];
+      for (int i = 0; i < N; ++i) w[i] = table[c[i]];
       return hn::Load(d, w);
     }
   }
 
  private:
-  static constexpr std::array<float, 16> Coefficients(int which) {
-    std::array<float, 16> c{};
-    for (int i = 0; i < 16; ++i) c[i] = which == 0 ? K::C0(i) : K::C1(i);
+  static constexpr std::array<float, 32> Coefficients(int which) {
+    std::array<float, 32> c{};
+    for (int i = 0; i < K::kEntries; ++i) c[i] = which == 0 ? K::C0(i) : K::C1(i);
     return c;
   }
+  static constexpr std::array<float, 32> kC0 = Coefficients(0), kC1 = Coefficients(1);
 };
 
-// The codes of block b of a record: lanes of the low and the high nibbles.
-HWY_INLINE void BlockCodes(const uint8_t* codes, int b, hn::Vec<DU>& low, hn::Vec<DU>& high) {
-  const DU du;
-  const hn::Rebind<uint8_t, DU> d8;
-  constexpr int N = static_cast<int>(hn::MaxLanes(DF()));
-  const auto bytes = hn::PromoteTo(du, hn::LoadU(d8, codes + b * N));
-  low = hn::And(bytes, hn::Set(du, 15u));
-  high = hn::ShiftRight<4>(bytes);
-}
-
-// y[r] for R consecutive rows of nibbles.
+// y[r] for R consecutive rows: per group the rows' tables, then per block each row's codes looked up and
+// multiplied with the activations loaded once for all R rows.
 template <class K, int R>
-HWY_INLINE void NibbleRowsDot(const uint8_t* rows_base, int64_t row_stride, int64_t groups, const float* x,
-                              float bias_per_scale, float* y) {
+HWY_INLINE void RowsDot(const uint8_t* rows_base, int64_t row_stride, int64_t groups, const float* x,
+                        float bias_per_scale, float* y) {
   const DF d;
-  constexpr int N = static_cast<int>(hn::MaxLanes(DF()));
   hn::Vec<DF> acc[R];
   for (int r = 0; r < R; ++r) acc[r] = hn::Zero(d);
   for (int64_t g = 0; g < groups; ++g) {
@@ -161,83 +145,58 @@ HWY_INLINE void NibbleRowsDot(const uint8_t* rows_base, int64_t row_stride, int6
       lut[r].Build(rec[r] + K::kCodeBytes, bias_per_scale);
     }
     const float* xg = x + g * K::kGroup;
-    for (int b = 0; b < K::kGroup / (2 * N); ++b) {
-      const auto x_low = hn::LoadU(d, xg + 2 * b * N), x_high = hn::LoadU(d, xg + 2 * b * N + N);
-      for (int r = 0; r < R; ++r) {
-        hn::Vec<DU> low, high;
-        BlockCodes(rec[r], b, low, high);
-        acc[r] = hn::MulAdd(lut[r].Lookup(low), x_low, acc[r]);
-        acc[r] = hn::MulAdd(lut[r].Lookup(high), x_high, acc[r]);
+    for (int b = 0; b < K::kGroup / (K::kSubs * N); ++b) {
+      hn::Vec<DU> bytes[R];
+      for (int r = 0; r < R; ++r) bytes[r] = K::Bytes(rec[r], b);
+      for (int s = 0; s < K::kSubs; ++s) {
+        const auto xv = hn::LoadU(d, xg + (b * K::kSubs + s) * N);
+        for (int r = 0; r < R; ++r) acc[r] = hn::MulAdd(lut[r].Lookup(K::Codes(bytes[r], rec[r], b, s)), xv, acc[r]);
       }
     }
   }
   for (int r = 0; r < R; ++r) y[r] = hn::GetLane(hn::SumOfLanes(d, acc[r]));
 }
 
-template <class Rows>
-HWY_INLINE void ForRowBlocks(size_t r0, size_t r1, Rows&& rows) {
-  size_t r = r0;
-  for (; r + 4 <= r1; r += 4) rows(r, std::integral_constant<int, 4>());
-  for (; r < r1; ++r) rows(r, std::integral_constant<int, 1>());
+template <class Fn>
+void WithKind(BitplaneKind kind, Fn&& fn) {
+  switch (kind) {
+    case BitplaneKind::offset_scale3: fn(OffsetScale3()); break;
+    case BitplaneKind::offset_scale4: fn(OffsetScale4()); break;
+    case BitplaneKind::two_plane: fn(TwoPlane()); break;
+  }
 }
 
-void Matvec(const BitplaneMatrix& m, const BitplaneActivations& x, size_t r0, size_t r1, float* y) {
-  const int64_t stride = m.groups() * m.record_bytes();
-  const auto run = [&](auto kind) {
+// y[r - r0] for rows [r0, r1), four rows at a time.
+void Matvec(const BitplaneMatrix& m, const float* x, size_t r0, size_t r1, float* y) {
+  WithKind(m.kind, [&](auto kind) {
     using K = decltype(kind);
-    ForRowBlocks(r0, r1, [&](size_t r, auto rows) {
-      NibbleRowsDot<K, decltype(rows)::value>(m.records.data() + r * stride, stride, m.groups(), x.multiples,
-                                               m.bias_per_scale, y + (r - r0));
-    });
-  };
-  switch (m.kind) {
-    case BitplaneKind::offset_scale3:
-      ForRowBlocks(r0, r1, [&](size_t r, auto rows) {
-        PlaneRowsDot<decltype(rows)::value>(m.records.data() + r * stride, stride, m.groups(), x, m.bias_per_scale,
-                                            y + (r - r0));
-      });
-      break;
-    case BitplaneKind::offset_scale4: run(OffsetScale4()); break;
-    case BitplaneKind::two_plane: run(TwoPlane()); break;
-  }
+    const int64_t stride = m.groups() * K::kRecordBytes;
+    const uint8_t* base = m.records.data();
+    size_t r = r0;
+    for (; r + 4 <= r1; r += 4) RowsDot<K, 4>(base + r * stride, stride, m.groups(), x, m.bias_per_scale, y + (r - r0));
+    for (; r < r1; ++r) RowsDot<K, 1>(base + r * stride, stride, m.groups(), x, m.bias_per_scale, y + (r - r0));
+  });
 }
 
 // Rows [r0, r1) x columns [k0, k1) (both multiples of the group size) decoded to f32.
 void DecodeTile(const BitplaneMatrix& m, size_t r0, size_t r1, size_t k0, size_t k1, float* out, size_t stride) {
   const DF d;
-  constexpr int N = static_cast<int>(hn::MaxLanes(DF()));
-  const auto G = static_cast<size_t>(m.group_size);
-  const auto decode_nibbles = [&](auto kind, const uint8_t* rec, float* o) {
+  WithKind(m.kind, [&](auto kind) {
     using K = decltype(kind);
-    Lut<K> lut;
-    lut.Build(rec + K::kCodeBytes, m.bias_per_scale);
-    for (int b = 0; b < K::kGroup / (2 * N); ++b) {
-      hn::Vec<DU> low, high;
-      BlockCodes(rec, b, low, high);
-      hn::StoreU(lut.Lookup(low), d, o + 2 * b * N);
-      hn::StoreU(lut.Lookup(high), d, o + 2 * b * N + N);
-    }
-  };
-  const auto decode_planes = [&](const uint8_t* rec, float* o) {
-    const float scale = LoadMeta(rec + kPlanes * kPlaneBytes, 0);
-    for (int v = 0; v < kPlaneGroup / N; ++v) {
-      auto w = hn::Set(d, m.bias_per_scale * scale);
-      for (int p = 0; p < kPlanes; ++p)
-        w = hn::IfThenElse(PlaneMask(d, rec + p * kPlaneBytes, v), hn::Add(w, hn::Set(d, scale * (1 << p))), w);
-      hn::StoreU(w, d, o + v * N);
-    }
-  };
-  for (size_t r = r0; r < r1; ++r) {
-    float* o = out + (r - r0) * stride;
-    for (size_t g = k0 / G; g < k1 / G; ++g, o += G) {
-      const uint8_t* rec = m.records.data() + (r * m.groups() + g) * m.record_bytes();
-      switch (m.kind) {
-        case BitplaneKind::offset_scale3: decode_planes(rec, o); break;
-        case BitplaneKind::offset_scale4: decode_nibbles(OffsetScale4(), rec, o); break;
-        case BitplaneKind::two_plane: decode_nibbles(TwoPlane(), rec, o); break;
+    for (size_t r = r0; r < r1; ++r) {
+      float* o = out + (r - r0) * stride;
+      for (size_t g = k0 / K::kGroup; g < k1 / K::kGroup; ++g, o += K::kGroup) {
+        const uint8_t* rec = m.records.data() + (r * m.groups() + g) * K::kRecordBytes;
+        Lut<K> lut;
+        lut.Build(rec + K::kCodeBytes, m.bias_per_scale);
+        for (int b = 0; b < K::kGroup / (K::kSubs * N); ++b) {
+          const auto bytes = K::Bytes(rec, b);
+          for (int s = 0; s < K::kSubs; ++s)
+            hn::StoreU(lut.Lookup(K::Codes(bytes, rec, b, s)), d, o + (b * K::kSubs + s) * N);
+        }
       }
     }
-  }
+  });
 }
 
 size_t Lanes() { return hn::Lanes(DF()); }
@@ -267,8 +226,9 @@ BitplaneMatrix::BitplaneMatrix(BitplaneKind k, int64_t rows_, int64_t cols_, int
   lanes = static_cast<int64_t>(HWY_DYNAMIC_DISPATCH(bitplane_simd::Lanes)());
   group_size = k == BitplaneKind::two_plane ? 128 : 64;
   code_bytes = static_cast<int>(nibbles() ? group_size / 2 : 3 * group_size / 8);
+  const int64_t block = (nibbles() ? 2 : 4) * lanes;
   meta_floats = k == BitplaneKind::two_plane ? 3 : 1;
-  if (padded_cols % group_size != 0 || padded_cols < cols || group_size % (2 * lanes) != 0)
+  if (padded_cols % group_size != 0 || padded_cols < cols || group_size % block != 0)
     fail(Errc::internal, "[bitplane] padded width {} for {} columns, groups of {}, {} lanes", padded_cols, cols,
          group_size, lanes);
   records.assign(checked_mul(checked_mul(static_cast<uint64_t>(rows), static_cast<uint64_t>(groups()), "[bitplane]"),
@@ -287,10 +247,11 @@ void BitplaneMatrix::set_codes(int64_t r, const uint8_t* codes) {
         rec[block * lanes + lane] |= static_cast<uint8_t>((q[j] & 15u) << (4 * high));
       }
     } else {
-      const int64_t plane_bytes = group_size / 8;
-      for (int64_t j = 0; j < group_size; ++j)
-        for (int p = 0; p < 3; ++p)
-          rec[p * plane_bytes + j / 8] |= static_cast<uint8_t>(((q[j] >> p) & 1u) << (j % 8));
+      for (int64_t j = 0; j < group_size; ++j) {
+        const int64_t block = j / (4 * lanes), lane = j % lanes, sub = (j / lanes) % 4;
+        rec[block * lanes + lane] |= static_cast<uint8_t>((q[j] & 3u) << (2 * sub));
+        rec[group_size / 4 + j / 8] |= static_cast<uint8_t>(((q[j] >> 2) & 1u) << (j % 8));
+      }
     }
   }
 }
@@ -333,17 +294,12 @@ class BitplaneLinear final : public CpuLinear {
   }
 
  private:
+  // The activations zero-padded to the padded width: padding codes meet zeros, never data.
   void matvec(const float* x, float* y, ThreadPool& pool) const {
-    const int multiples = m_.nibbles() ? 1 : 3;
-    const auto padded = static_cast<size_t>(m_.padded_cols);
-    std::vector<float> xm(multiples * padded, 0.0f), sums(static_cast<size_t>(m_.groups()), 0.0f);
-    for (int64_t c = 0; c < m_.cols; ++c) {
-      for (int k = 0; k < multiples; ++k) xm[k * padded + c] = x[c] * static_cast<float>(1 << k);
-      sums[c / m_.group_size] += x[c];
-    }
-    const BitplaneActivations xd{xm.data(), m_.padded_cols, sums.data()};
+    std::vector<float> xp(static_cast<size_t>(m_.padded_cols), 0.0f);
+    std::copy_n(x, m_.cols, xp.data());
     pool.parallel_for(static_cast<size_t>(m_.rows), 16, [&](size_t r0, size_t r1) {
-      HWY_DYNAMIC_DISPATCH(bitplane_simd::Matvec)(m_, xd, r0, r1, y + r0);
+      HWY_DYNAMIC_DISPATCH(bitplane_simd::Matvec)(m_, xp.data(), r0, r1, y + r0);
     });
   }
 
