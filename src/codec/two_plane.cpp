@@ -4,6 +4,7 @@
 #include <cmath>
 #include <functional>
 
+#include "lowbit/codec/affine.h"
 #include "lowbit/codec/offset_scale.h"  // the LSB-first byte-stream code helpers trit3 shares
 #include "lowbit/codec/params.h"
 #include "lowbit/core/checked.h"
@@ -479,6 +480,28 @@ EncodedTensor encode(const Params& params, const Shape& shape, const float* weig
                 {"padded_cols", l.padded_cols}};
   store_codes(enc, out);
   store_metadata(enc, out);
+  return out;
+}
+
+EncodedTensor fold_to_affine(const TensorRef& tensor, int bits, const EncodeOptions& options) {
+  const Layout l = layout(tensor.params, tensor.shape);
+  const Params affine_params{{"bits", bits}, {"group_size", kGroupSize}, {"scale_dtype", scale_dtype_param(l.scale_dtype)}};
+  const Shape shape{l.rows, l.cols};
+  EncodedTensor out;
+  for (const ArraySpec& spec : affine::arrays(affine_params, shape))
+    out.arrays.emplace_back(spec.role, make_buffer(spec.dtype, spec.shape));
+  constexpr int64_t kRowBlock = 64;
+  std::vector<float> rows(static_cast<size_t>(std::min(l.rows, kRowBlock) * l.cols));
+  for (int64_t r0 = 0; r0 < l.rows; r0 += kRowBlock) {
+    const int64_t n = std::min(kRowBlock, l.rows - r0);
+    decode_rows(tensor.params, tensor.shape, tensor.arrays, r0, r0 + n, rows.data());
+    EncodedTensor block = affine::encode(affine_params, {n, l.cols}, rows.data(), options);
+    out.params = block.params;
+    for (size_t i = 0; i < out.arrays.size(); ++i) {
+      const auto& src = block.arrays[i].second.bytes;
+      std::copy(src.begin(), src.end(), out.arrays[i].second.bytes.begin() + static_cast<ptrdiff_t>(src.size() / n * r0));
+    }
+  }
   return out;
 }
 

@@ -270,5 +270,29 @@ TEST(TwoPlane, RejectsReservedCodesAndNonFiniteMetadata) {
     }
 }
 
+TEST(TwoPlane, FoldToAffineIsAValidAffineTensorWithinOneStep) {
+  const Shape shape{70, 200};  // more than one 64-row block
+  const auto w = random_weights(70 * 200, 8);
+  const auto e = tp::encode(params("quint5", "slim", "f32"), shape, w.data(), {});
+  const auto two_plane_values = decode_all(ref(e, shape));
+  for (int bits : {3, 4, 8}) {
+    const auto folded = tp::fold_to_affine(ref(e, shape), bits, {});
+    EXPECT_EQ(folded.params["bits"], bits);
+    EXPECT_EQ(folded.params["group_size"], 128);
+    const TensorRef affine_ref{&codec_or_throw("affine", "test"), folded.params, shape, folded.views()};
+    ASSERT_NO_THROW(validate_tensor(affine_ref, "folded"));
+    const auto values = decode_all(affine_ref);
+    EXPECT_LT(squared_error(values, two_plane_values), squared_error(two_plane_values, w)) << bits << " bits";
+    const auto* scales = folded.arrays[1].second.view().as<float>();
+    for (int64_t r = 0; r < 70; ++r)
+      for (int64_t c = 0; c < 200; ++c) {
+        const size_t i = static_cast<size_t>(r * 200 + c);
+        // MLX's RTN puts the larger endpoint exactly on the grid; the far one may clamp by up to one step
+        ASSERT_LE(std::fabs(values[i] - two_plane_values[i]), std::fabs(scales[r * 2 + c / 128]) * 1.001f)
+            << bits << " bits, row " << r;
+      }
+  }
+}
+
 }  // namespace
 }  // namespace lowbit::codec

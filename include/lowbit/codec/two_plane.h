@@ -92,4 +92,10 @@ void decode_rows(const Params& params, const Shape& shape, const ArrayViews& arr
 // the states reassigned, kept while the error falls.
 EncodedTensor encode(const Params& params, const Shape& shape, const float* weights, const EncodeOptions& options);
 
+// The opt-in lossy fold (seed 000, never a default): re-encodes a validated two_plane tensor as one `bits`-bit
+// affine plane (codec "affine", groups of 128, the same scale dtype) through the affine encoder (options.search
+// selects its clipping search), 64 rows at a time so no more than 64 decoded rows exist at once. Returns the
+// affine params and arrays for the same logical shape.
+EncodedTensor fold_to_affine(const TensorRef& tensor, int bits, const EncodeOptions& options);
+
 }  // namespace lowbit::codec::two_plane
