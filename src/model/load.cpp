@@ -4,6 +4,7 @@
 #include <fstream>
 
 #include "lowbit/core/error.h"
+#include "lowbit/model/artifact_model.h"
 #include "lowbit/model/gguf_model.h"
 #include "lowbit/model/hf.h"
 #include "lowbit/model/llama2c.h"
@@ -25,6 +26,7 @@ bool has_magic(const std::filesystem::path& path, std::string_view magic) {
 std::unique_ptr<Model> load_model(const std::filesystem::path& path, const LoadOptions& options) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) {
+    if (std::filesystem::exists(path / "manifest.json")) return load_artifact_model(path, options);
     if (std::filesystem::exists(path / "config.json")) return load_hf(path, options);
     fail(Errc::format, "[load_model] {}: a directory without config.json or manifest.json", path.string());
   }
@@ -44,6 +46,9 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::filesystem::path& model_pat
   std::error_code ec;
   if (std::filesystem::is_regular_file(model_path, ec) && has_magic(model_path, "GGUF"))
     return load_gguf_tokenizer(model_path);
+  if (std::filesystem::is_directory(model_path, ec) && std::filesystem::exists(model_path / "manifest.json")) {
+    if (const auto stored = artifact_tokenizer_file(model_path)) return load_tokenizer(model_path, stored);
+  }
   if (std::filesystem::is_directory(model_path, ec)) {
     if (std::filesystem::exists(model_path / "tokenizer.json")) return load_hf_tokenizer(model_path / "tokenizer.json");
     if (std::filesystem::exists(model_path / "tokenizer.model")) return load_sentencepiece(model_path / "tokenizer.model");

@@ -76,6 +76,28 @@ std::vector<artifact::SourceFile> source_files(const fs::path& source) {
   return out;
 }
 
+// Artifacts store q/k rows in Hugging Face's half-rotation RoPE layout, whatever the source used (llama2.c and
+// GGUF llama rotate adjacent pairs), so that every artifact reads like an HF / MLX checkpoint.
+std::unique_ptr<model::Model> to_hf_rope_layout(std::unique_ptr<model::Model> m) {
+  const model::ModelConfig& c = m->config;
+  if (c.rope_style == model::RopeStyle::half) return m;
+  model::ModelBuilder b;
+  for (const auto& t : m->tensors) {
+    std::vector<float> values = codec::decode_all(t.ref);
+    const bool q = t.name.find("self_attn.q_proj.") != std::string::npos;
+    const bool k = t.name.find("self_attn.k_proj.") != std::string::npos;
+    if (q || k) {
+      const int64_t cols = t.ref.shape.size() == 2 ? t.ref.shape[1] : 1;
+      values = model::permute_rope_rows(values, q ? c.n_heads : c.n_kv_heads, c.head_dim, cols, c.rope_style,
+                                        model::RopeStyle::half);
+    }
+    b.add_f32(t.name, t.ref.shape, std::move(values));
+  }
+  model::ModelConfig half = c;
+  half.rope_style = model::RopeStyle::half;
+  return b.finish(half, "quantize");
+}
+
 class Quantizer {
  public:
   Quantizer(const QuantizeOptions& o, model::Model& model, artifact::ArtifactWriter& writer, QuantizeReport& report)
@@ -164,7 +186,7 @@ nlohmann::json QuantizeReport::to_json() const {
 QuantizeReport quantize(const QuantizeOptions& o) {
   const auto start = std::chrono::steady_clock::now();
   QuantizeReport report;
-  std::unique_ptr<model::Model> model = model::load_model(o.source);
+  std::unique_ptr<model::Model> model = to_hf_rope_layout(model::load_model(o.source));
   for (const auto& t : model->tensors)
     if (t.ref.codec->id != "dense") report.source_quantized = true;
   if (report.source_quantized)

@@ -1,0 +1,33 @@
+// lowbit artifacts as models: the manifest's config is an HF config, tensors stay packed in the mapped payloads
+// (verified, hashes checked, before anything is used).
+#include "lowbit/artifact/reader.h"
+#include "lowbit/core/error.h"
+#include "lowbit/model/architecture.h"
+#include "lowbit/model/artifact_model.h"
+
+namespace lowbit::model {
+
+std::unique_ptr<Model> load_artifact_model(const std::filesystem::path& dir, const LoadOptions& options) {
+  auto art = std::make_shared<artifact::Artifact>(artifact::Artifact::open(dir));
+  ModelConfig c = parse_hf_config(art->config(), (dir / "manifest.json").string());
+  if (options.max_seq) c.max_seq = std::min(c.max_seq, *options.max_seq);
+  ModelBuilder b;
+  b.keep_alive(art);
+  for (const std::string& name : art->tensor_names()) b.add(name, art->tensor(name));
+  return b.finish(c, dir.string());
+}
+
+std::optional<std::filesystem::path> artifact_tokenizer_file(const std::filesystem::path& dir) {
+  const artifact::Artifact art = artifact::Artifact::open(dir, {.verify_hash = false});
+  const auto files = art.files_with_role(artifact::FileRole::tokenizer);
+  // tokenizer.json and tokenizer.model describe the vocabulary; tokenizer_config.json and the like only
+  // accompany them. A llama2.c vocabulary (.bin) stands alone.
+  for (const char* preferred : {"tokenizer.json", "tokenizer.model"})
+    for (const auto& f : files)
+      if (f.filename() == preferred) return f;
+  for (const auto& f : files)
+    if (f.extension() == ".bin") return f;
+  return std::nullopt;
+}
+
+}  // namespace lowbit::model
