@@ -1,6 +1,7 @@
 #include "lowbit/model/gguf_model.h"
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 
 #include <fmt/format.h>
@@ -32,11 +33,44 @@ int64_t required(const io::GgufFile& f, const std::string& key) {
   return static_cast<int64_t>(*v);
 }
 
-RopeScaling rope_scaling(const io::GgufFile& f, const std::string& arch) {
+// llama.cpp stores Llama-3.1-style RoPE scaling not as parameters but as a tensor of per-frequency divisors
+// (rope_freqs.weight, [head_dim / 2]). The parameters are recovered by checking every divisor against HF's
+// "llama3" rule with the factor read off the lowest frequency and the usual band (low 1, high 4).
+RopeScaling llama3_from_rope_freqs(const io::GgufFile& f, const io::GgufTensorInfo& t, const ModelConfig& c,
+                                   const std::string& arch) {
+  const std::vector<float> divisors = f.dequantize(t);
+  if (static_cast<int64_t>(divisors.size()) * 2 != c.head_dim)
+    fail(Errc::shape, "[gguf] {}: rope_freqs.weight has {} values for head_dim {}", f.source(), divisors.size(), c.head_dim);
+  RopeScaling s;
+  s.kind = RopeScaling::Kind::llama3;
+  s.factor = divisors.back();
+  s.low_freq_factor = 1.0;
+  s.high_freq_factor = 4.0;
+  s.original_max_position = static_cast<int64_t>(
+      f.get_uint(arch + ".rope.scaling.original_context_length").value_or(static_cast<uint64_t>(s.original_max_position)));
+  const double low_wavelen = s.original_max_position / s.low_freq_factor;
+  const double high_wavelen = s.original_max_position / s.high_freq_factor;
+  for (size_t i = 0; i < divisors.size(); ++i) {
+    const double freq = 1.0 / std::pow(c.rope_theta, 2.0 * static_cast<double>(i) / static_cast<double>(c.head_dim));
+    const double wavelen = 2 * M_PI / freq;
+    double expected = 1.0;
+    if (wavelen > low_wavelen) {
+      expected = s.factor;
+    } else if (wavelen >= high_wavelen) {
+      const double smooth = (s.original_max_position / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+      expected = 1.0 / ((1 - smooth) / s.factor + smooth);
+    }
+    if (std::abs(divisors[i] - expected) > 1e-3 * expected)
+      fail(Errc::unsupported, "[gguf] {}: rope_freqs.weight[{}] = {} does not follow the llama3 RoPE scaling rule ({})",
+           f.source(), i, divisors[i], expected);
+  }
+  return s;
+}
+
+RopeScaling rope_scaling(const io::GgufFile& f, const std::string& arch, const ModelConfig& c) {
+  if (const auto* freqs = f.tensor("rope_freqs.weight")) return llama3_from_rope_freqs(f, *freqs, c, arch);
   RopeScaling s;
   const auto type = f.get_string(arch + ".rope.scaling.type");
-  if (f.tensor("rope_freqs.weight"))
-    fail(Errc::unsupported, "[gguf] {}: per-frequency RoPE factors (rope_freqs.weight) are not supported", f.source());
   if (!type || *type == "none") return s;
   if (*type != "linear") fail(Errc::unsupported, "[gguf] {}: RoPE scaling '{}' is not supported", f.source(), *type);
   s.kind = RopeScaling::Kind::linear;
@@ -171,7 +205,7 @@ ModelConfig gguf_config(const io::GgufFile& f) {
                                                           : (c.n_heads > 0 ? c.dim / c.n_heads : 0);
   c.rope_theta = f.get_float(arch + ".rope.freq_base").value_or(10000.0);
   c.norm_eps = static_cast<float>(f.get_float(arch + ".attention.layer_norm_rms_epsilon").value_or(1e-5));
-  c.rope_scaling = rope_scaling(f, arch);
+  c.rope_scaling = rope_scaling(f, arch, c);
   c.rope_style = row->rope_style;
   c.qkv_bias = row->qkv_bias;
   c.qk_norm = row->qk_norm;
@@ -194,6 +228,7 @@ std::unique_ptr<Model> load_gguf_model(const std::filesystem::path& path, const 
   if (options.max_seq) c.max_seq = std::min(c.max_seq, *options.max_seq);
   ModelBuilder b;
   for (const auto& t : file.header().tensors) {
+    if (t.name == "rope_freqs.weight") continue;  // read into config.rope_scaling
     const std::string name = hf_name(t.name);
     if (name.empty()) fail(Errc::format, "[gguf] {}: tensor '{}' has no place in a {} model", file.source(), t.name, c.arch);
     b.add_f32(name, t.shape(), file.dequantize(t));

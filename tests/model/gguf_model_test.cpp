@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -47,15 +48,18 @@ std::vector<uint8_t> q8_bytes(size_t n) {
   return out;
 }
 
-TEST(GgufModel, TinyLlamaLoadsWithConfigNamesAndValues) {
-  const uint64_t dim = 64, hidden = 96, vocab = 32, heads = 4, kv_heads = 2, kv_dim = dim / heads * kv_heads;
+constexpr uint64_t kDim = 64, kHidden = 96, kVocab = 32, kHeads = 4, kKvHeads = 2, kKvDim = kDim / kHeads * kKvHeads;
+
+// A one-layer llama: Q8_0 matrices, f32 norms, tied embeddings.
+GgufBuilder tiny_llama() {
+  const uint64_t dim = kDim, hidden = kHidden, vocab = kVocab, kv_dim = kKvDim;
   GgufBuilder g;
   g.kv_string("general.architecture", "llama");
   g.kv_scalar<uint32_t>("llama.embedding_length", GgufValueType::u32, dim);
   g.kv_scalar<uint32_t>("llama.block_count", GgufValueType::u32, 1);
   g.kv_scalar<uint32_t>("llama.feed_forward_length", GgufValueType::u32, hidden);
-  g.kv_scalar<uint32_t>("llama.attention.head_count", GgufValueType::u32, heads);
-  g.kv_scalar<uint32_t>("llama.attention.head_count_kv", GgufValueType::u32, kv_heads);
+  g.kv_scalar<uint32_t>("llama.attention.head_count", GgufValueType::u32, kHeads);
+  g.kv_scalar<uint32_t>("llama.attention.head_count_kv", GgufValueType::u32, kKvHeads);
   g.kv_scalar<uint32_t>("llama.context_length", GgufValueType::u32, 256);
   g.kv_scalar<float>("llama.rope.freq_base", GgufValueType::f32, 100000.0f);
   g.kv_scalar<float>("llama.attention.layer_norm_rms_epsilon", GgufValueType::f32, 1e-6f);
@@ -71,9 +75,24 @@ TEST(GgufModel, TinyLlamaLoadsWithConfigNamesAndValues) {
   g.tensor("blk.0.ffn_gate.weight", {dim, hidden}, GgmlType::Q8_0, q8_bytes(dim * hidden));
   g.tensor("blk.0.ffn_up.weight", {dim, hidden}, GgmlType::Q8_0, q8_bytes(dim * hidden));
   g.tensor("blk.0.ffn_down.weight", {hidden, dim}, GgmlType::Q8_0, q8_bytes(dim * hidden));
-  const auto path = write_temp(g.build(), "lowbit_tiny_llama");
-  const auto model = load_gguf_model(path);
-  fs::remove(path);
+  return g;
+}
+
+std::unique_ptr<Model> load_image(const GgufBuilder& g, const std::string& name) {
+  const auto path = write_temp(g.build(), name);
+  try {
+    auto model = load_gguf_model(path);
+    fs::remove(path);
+    return model;
+  } catch (...) {
+    fs::remove(path);
+    throw;
+  }
+}
+
+TEST(GgufModel, TinyLlamaLoadsWithConfigNamesAndValues) {
+  const uint64_t dim = kDim, kv_dim = kKvDim;
+  const auto model = load_image(tiny_llama(), "lowbit_tiny_llama");
 
   const ModelConfig& c = model->config;
   EXPECT_EQ(c.arch, "llama");
@@ -93,6 +112,39 @@ TEST(GgufModel, TinyLlamaLoadsWithConfigNamesAndValues) {
   EXPECT_EQ(k->ref.shape, (Shape{static_cast<int64_t>(kv_dim), static_cast<int64_t>(dim)}));
   const auto values = codec::decode_all(k->ref);
   for (size_t i = 0; i < values.size(); ++i) ASSERT_EQ(values[i], static_cast<float>(static_cast<int>(i % 7) - 3) * 0.5f) << i;
+}
+
+// Llama-3.1-style divisors by HF's llama3 rule: factor 8, band between wavelengths 8192/4 and 8192.
+std::vector<float> llama3_divisors(double theta, int head_dim) {
+  std::vector<float> out;
+  for (int i = 0; i < head_dim / 2; ++i) {
+    const double wavelen = 2 * M_PI * std::pow(theta, 2.0 * i / head_dim);
+    const double smooth = (8192 / wavelen - 1) / 3;
+    out.push_back(static_cast<float>(wavelen < 2048 ? 1.0 : wavelen > 8192 ? 8.0 : 1 / ((1 - smooth) / 8 + smooth)));
+  }
+  return out;
+}
+
+TEST(GgufModel, RopeFreqsTensorBecomesLlama3Scaling) {
+  auto g = tiny_llama();
+  const auto divisors = llama3_divisors(100000.0, kDim / kHeads);
+  ASSERT_GT(divisors.back(), 1.0f);  // the test covers scaled frequencies
+  g.tensor("rope_freqs.weight", {divisors.size()}, GgmlType::F32, f32_bytes(divisors));
+  const auto model = load_image(g, "lowbit_rope_freqs");
+  EXPECT_EQ(model->config.rope_scaling.kind, RopeScaling::Kind::llama3);
+  EXPECT_EQ(model->config.rope_scaling.factor, 8.0);
+  EXPECT_EQ(model->config.rope_scaling.original_max_position, 8192);
+
+  auto bad = tiny_llama();
+  auto wrong = divisors;
+  wrong[0] = 3.0f;
+  bad.tensor("rope_freqs.weight", {wrong.size()}, GgmlType::F32, f32_bytes(wrong));
+  try {
+    load_image(bad, "lowbit_rope_freqs_bad");
+    ADD_FAILURE() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::unsupported);
+  }
 }
 
 TEST(GgufModel, UnknownArchitectureIsRejected) {
