@@ -1,6 +1,7 @@
 // Reading safetensors files and checkpoints. The checks follow the reference implementation's
-// (huggingface/safetensors, Metadata::validate) and are stricter where it is lenient: repeated keys, unknown
-// fields, non-integer numbers and a header that does not start with '{' are all rejected.
+// (huggingface/safetensors, read_metadata and Metadata::validate) and are stricter where it is lenient (its
+// Python package 0.8 accepts all of these): repeated keys, unknown fields in an entry, a null __metadata__,
+// more than kSafetensorsMaxRank dimensions, and a header that does not start with '{' are rejected.
 #include "lowbit/io/safetensors.h"
 
 #include <algorithm>

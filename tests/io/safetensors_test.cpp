@@ -321,6 +321,12 @@ TEST_F(SafetensorsFileTest, ReadsAndReproducesTheReferenceFixture) {
   EXPECT_TRUE(same_bytes(again.bytes(), f.file().bytes()));
 }
 
+TEST_F(SafetensorsFileTest, EveryPrefixOfAValidFileIsTruncated) {
+  const auto f = SafetensorsFile::open(fs::path(LOWBIT_SOURCE_DIR) / "tests/io/fixtures/reference.safetensors");
+  const auto bytes = f.file().bytes();
+  for (size_t n = 0; n < bytes.size(); ++n) EXPECT_EQ(rejection(bytes.first(n)).code(), Errc::truncated) << n;
+}
+
 TEST_F(SafetensorsFileTest, StreamingWriterWritesInDeclarationOrder) {
   const TensorBuffer big = pattern_tensor(DType::U8, {3 << 20}, 5);  // larger than the write buffer
   const TensorBuffer small = pattern_tensor(DType::I16, {7}, 6);
