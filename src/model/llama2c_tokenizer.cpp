@@ -1,5 +1,6 @@
 // The llama2.c tokenizer, encoding exactly as run.c's encode() and decoding as its decode().
 #include <cstring>
+#include <queue>
 #include <unordered_map>
 
 #include "lowbit/core/error.h"
@@ -115,24 +116,52 @@ class Llama2cTokenizer final : public Tokenizer {
     return id;
   }
 
-  // Repeatedly merges the adjacent pair whose concatenation is the best-scoring token (leftmost on ties).
+  // run.c's merge rule, repeatedly merging the adjacent pair whose concatenation is the best-scoring token
+  // (leftmost on ties, never a score <= -1e10), computed with a heap over a linked list instead of run.c's
+  // rescans so that long texts encode in O(n log n).
   void merge_pairs(std::vector<int32_t>& tokens) const {
-    for (;;) {
-      float best_score = -1e10f;
-      int32_t best_id = -1;
-      size_t best_idx = 0;
-      for (size_t i = 0; i + 1 < tokens.size(); ++i) {
-        const auto id = token_id(pieces_[tokens[i]] + pieces_[tokens[i + 1]]);
-        if (id && scores_[*id] > best_score) {
-          best_score = scores_[*id];
-          best_id = *id;
-          best_idx = i;
-        }
-      }
-      if (best_id < 0) return;
-      tokens[best_idx] = best_id;
-      tokens.erase(tokens.begin() + static_cast<std::ptrdiff_t>(best_idx) + 1);
+    struct Node {
+      int32_t id;
+      int prev, next;
+      uint32_t version = 0;
+    };
+    struct Candidate {
+      float score;
+      int left, right;
+      uint32_t left_version, right_version;
+      int32_t merged;
+      bool operator<(const Candidate& o) const { return score < o.score || (score == o.score && left > o.left); }
+    };
+    const int n = static_cast<int>(tokens.size());
+    std::vector<Node> nodes(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) nodes[i] = {tokens[i], i - 1, i + 1 < n ? i + 1 : -1};
+    std::priority_queue<Candidate> heap;
+    const auto consider = [&](int left) {
+      if (left < 0 || nodes[left].next < 0) return;
+      const int right = nodes[left].next;
+      const auto id = token_id(pieces_[nodes[left].id] + pieces_[nodes[right].id]);
+      if (id && scores_[*id] > -1e10f)
+        heap.push({scores_[*id], left, right, nodes[left].version, nodes[right].version, *id});
+    };
+    for (int i = 0; i + 1 < n; ++i) consider(i);
+    std::vector<bool> alive(static_cast<size_t>(n), true);
+    while (!heap.empty()) {
+      const Candidate c = heap.top();
+      heap.pop();
+      if (!alive[c.left] || !alive[c.right] || nodes[c.left].next != c.right ||
+          nodes[c.left].version != c.left_version || nodes[c.right].version != c.right_version)
+        continue;  // stale: one side was merged since
+      Node& left = nodes[c.left];
+      left.id = c.merged;
+      ++left.version;
+      alive[c.right] = false;
+      left.next = nodes[c.right].next;
+      if (left.next >= 0) nodes[left.next].prev = c.left;
+      consider(left.prev);
+      consider(c.left);
     }
+    tokens.clear();
+    for (int i = n > 0 ? 0 : -1; i >= 0; i = nodes[i].next) tokens.push_back(nodes[i].id);
   }
 
   std::vector<std::string> pieces_;
