@@ -244,15 +244,38 @@ std::map<std::string, std::vector<std::string>> read_weight_map(const fs::path& 
 
 }  // namespace
 
-SafetensorsCheckpoint SafetensorsCheckpoint::open(const fs::path& path) {
-  std::error_code ec;
-  if (fs::is_directory(path, ec)) {
-    if (exists_no_follow(path / kIndexName)) return open(path / kIndexName);
-    if (exists_no_follow(path / kSingleName)) return open(path / kSingleName);
-    fail(Errc::missing_file, "[{}] {}: holds neither {} nor {}", kCheckpointOp, path.string(), kIndexName,
-         kSingleName);
-  }
+namespace {
 
+// The file a checkpoint path names: itself, or the index (else the single file) inside a directory.
+fs::path checkpoint_file(const fs::path& path) {
+  std::error_code ec;
+  if (!fs::is_directory(path, ec)) return path;
+  if (exists_no_follow(path / kIndexName)) return path / kIndexName;
+  if (exists_no_follow(path / kSingleName)) return path / kSingleName;
+  fail(Errc::missing_file, "[{}] {}: holds neither {} nor {}", kCheckpointOp, path.string(), kIndexName, kSingleName);
+}
+
+// The weight map (tensor -> shard) must say exactly where each tensor is held, no more and no less.
+void check_weight_map_matches(const std::map<std::string, size_t, std::less<>>& mapped,
+                              const std::map<std::string, size_t, std::less<>>& held,
+                              const std::vector<std::unique_ptr<SafetensorsFile>>& shards, const fs::path& index) {
+  const auto shard_name = [&](size_t s) { return shards[s]->file().path().filename().string(); };
+  for (const auto& [tensor, s] : mapped) {
+    const auto it = held.find(tensor);
+    if (it == held.end() || it->second != s)
+      fail(Errc::format, "[{}] {}: weight_map puts tensor {} in {}, which does not hold it", kCheckpointOp,
+           index.string(), quote(tensor), shard_name(s));
+  }
+  for (const auto& [tensor, s] : held)
+    if (!mapped.contains(tensor))
+      fail(Errc::format, "[{}] {}: tensor {} of {} is missing from weight_map", kCheckpointOp, index.string(),
+           quote(tensor), shard_name(s));
+}
+
+}  // namespace
+
+SafetensorsCheckpoint SafetensorsCheckpoint::open(const fs::path& given) {
+  const fs::path path = checkpoint_file(given);
   SafetensorsCheckpoint ck;
   if (path.extension() != ".json") {
     ck.shards_.push_back(std::make_unique<SafetensorsFile>(SafetensorsFile::open(path)));
@@ -273,16 +296,7 @@ SafetensorsCheckpoint SafetensorsCheckpoint::open(const fs::path& path) {
              quote(e.name), ck.shards_[it->second]->file().path().filename().string(), shard);
     }
   }
-  for (const auto& [tensor, s] : ck.shard_of_) {
-    const auto it = held_by.find(tensor);
-    if (it == held_by.end() || it->second != s)
-      fail(Errc::format, "[{}] {}: weight_map puts tensor {} in {}, which does not hold it", kCheckpointOp,
-           path.string(), quote(tensor), ck.shards_[s]->file().path().filename().string());
-  }
-  for (const auto& [tensor, s] : held_by)
-    if (!ck.shard_of_.contains(tensor))
-      fail(Errc::format, "[{}] {}: tensor {} of {} is missing from weight_map", kCheckpointOp, path.string(),
-           quote(tensor), ck.shards_[s]->file().path().filename().string());
+  check_weight_map_matches(ck.shard_of_, held_by, ck.shards_, path);
   return ck;
 }
 
