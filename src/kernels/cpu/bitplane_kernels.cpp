@@ -45,8 +45,19 @@ HWY_INLINE hn::Vec<DU> LoadBytes(const uint8_t* p) {
   return hn::PromoteTo(DU(), hn::LoadU(d8, p));
 }
 
-// The kinds. A block is kSubs vectors of N consecutive weights; Codes() gives the codes (table indices) of
-// vector s of block b from the block's bytes.
+// vpermps reads only the low 4 bits of each index, so with 16 lanes codes need no masking off of their
+// neighbours' bits; Highway's portable lookup requires clean indices, so other targets mask.
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+constexpr bool kPermLow4 = true;
+#else
+constexpr bool kPermLow4 = false;
+#endif
+
+template <class K>
+struct Lut;
+
+// The kinds. A block is kSubs vectors of N consecutive weights; Weights() gives vector s of block b from the
+// block's bytes, through the group's table.
 template <int G, bool kTwoPlanes>
 struct Nibbles {  // block of 2N weights in N bytes: byte j = code j | code (j + N) << 4
   static constexpr int kGroup = G, kSubs = 2, kEntries = 16, kCodeBytes = G / 2;
@@ -55,23 +66,32 @@ struct Nibbles {  // block of 2N weights in N bytes: byte j = code j | code (j +
   static constexpr float C0(int code) { return static_cast<float>(kTwoPlanes ? code & 3 : code); }
   static constexpr float C1(int code) { return static_cast<float>(kTwoPlanes ? code >> 2 : 0); }
   static HWY_INLINE hn::Vec<DU> Bytes(const uint8_t* rec, int b) { return LoadBytes(rec + b * N); }
-  static HWY_INLINE hn::Vec<DU> Codes(hn::Vec<DU> bytes, const uint8_t*, int, int s) {
-    return s == 0 ? hn::And(bytes, hn::Set(DU(), 15u)) : hn::ShiftRight<4>(bytes);
+  static HWY_INLINE hn::Vec<DF> Weights(const Lut<Nibbles>& lut, hn::Vec<DU> bytes, const uint8_t*, int, int s) {
+    return lut.LookupLow4(s == 0 ? bytes : hn::ShiftRight<4>(bytes));
   }
 };
 
-struct Crumbs3 {  // block of 4N weights: N bytes of low 2 bits (weight j + kN in bits 2k, 2k + 1 of byte j),
-                  // and per group a plane of high bits after all blocks
-  static constexpr int kGroup = 64, kSubs = 4, kEntries = 8, kCodeBytes = kGroup / 4 + kGroup / 8;
+// Block of 4N weights: N bytes of low 2 bits (weight j + kN in bits 2k, 2k + 1 of byte j), and per group a
+// plane of high bits after all blocks. With kPermLow4 the table holds value(code & 3) in all 16 entries and the
+// high bit adds 4 * scale under its mask; otherwise the code is assembled and looked up in 8 entries.
+struct Crumbs3 {
+  static constexpr int kGroup = 64, kSubs = 4, kEntries = kPermLow4 ? 16 : 8, kCodeBytes = kGroup / 4 + kGroup / 8;
   static constexpr int kRecordBytes = kCodeBytes + 4;
   static constexpr bool kTwo = false;
-  static constexpr float C0(int code) { return static_cast<float>(code); }
+  static constexpr float C0(int code) { return static_cast<float>(kPermLow4 ? code & 3 : code); }
   static constexpr float C1(int) { return 0.0f; }
   static HWY_INLINE hn::Vec<DU> Bytes(const uint8_t* rec, int b) { return LoadBytes(rec + b * N); }
-  static HWY_INLINE hn::Vec<DU> Codes(hn::Vec<DU> bytes, const uint8_t* rec, int b, int s) {
+  template <class L>  // Lut<Crumbs3>, complete only where this is called
+  static HWY_INLINE hn::Vec<DF> Weights(const L& lut, hn::Vec<DU> bytes, const uint8_t* rec, int b, int s) {
     const DU du;
-    const auto low = hn::And(hn::ShiftRightSame(bytes, 2 * s), hn::Set(du, 3u));
-    return hn::IfThenElse(PlaneMask(rec + kGroup / 4, b * kSubs + s), hn::Or(low, hn::Set(du, 4u)), low);
+    const auto high = PlaneMask(rec + kGroup / 4, b * kSubs + s);
+    if constexpr (kPermLow4) {
+      const auto w = lut.LookupLow4(hn::ShiftRightSame(bytes, 2 * s));
+      return hn::IfThenElse(hn::RebindMask(DF(), high), hn::Add(w, lut.high), w);
+    } else {
+      const auto low = hn::And(hn::ShiftRightSame(bytes, 2 * s), hn::Set(du, 3u));
+      return lut.Lookup(hn::IfThenElse(high, hn::Or(low, hn::Set(du, 4u)), low));
+    }
   }
 };
 
@@ -85,20 +105,47 @@ template <class K>
 struct Lut {
   static constexpr int kVectors = N >= K::kEntries ? 1 : N == 8 ? 2 : 0;
   hn::Vec<DF> v[kVectors > 0 ? kVectors : 1];
+  hn::Vec<DF> high;  // Crumbs3 with kPermLow4: 4 * scale
   float table[16];
 
-  HWY_INLINE void Build(const uint8_t* meta, float bias_per_scale) {
+  // The per-call part of the tables: the coefficient vectors, offset_scale's offset folded into c0.
+  struct Basis {
+    hn::Vec<DF> c0[kVectors > 0 ? kVectors : 1], c1[kVectors > 0 ? kVectors : 1];
+    float bias_per_scale;
+    explicit Basis(float bias_per_scale_) : bias_per_scale(bias_per_scale_) {
+      const DF d;
+      for (int i = 0; i < kVectors; ++i) {
+        c0[i] = hn::LoadU(d, kC0.data() + i * N);
+        if constexpr (!K::kTwo) c0[i] = hn::Add(c0[i], hn::Set(d, bias_per_scale));
+        c1[i] = hn::LoadU(d, kC1.data() + i * N);
+      }
+    }
+  };
+
+  HWY_INLINE void Build(const uint8_t* meta, const Basis& basis) {
     const DF d;
     const float s0 = LoadMeta(meta, 0);
-    const float s1 = K::kTwo ? LoadMeta(meta, 1) : 0.0f;
-    const float bias = K::kTwo ? LoadMeta(meta, 2) : bias_per_scale * s0;
-    if constexpr (kVectors > 0) {
-      for (int i = 0; i < kVectors; ++i)
-        v[i] = hn::MulAdd(hn::Set(d, s0), hn::LoadU(d, kC0.data() + i * N),
-                          hn::MulAdd(hn::Set(d, s1), hn::LoadU(d, kC1.data() + i * N), hn::Set(d, bias)));
+    const auto scale = hn::Set(d, s0);
+    if constexpr (std::is_same_v<K, Crumbs3> && kPermLow4) high = hn::Mul(scale, hn::Set(d, 4.0f));
+    if constexpr (kVectors > 0 && K::kTwo) {
+      const auto s1 = hn::Set(d, LoadMeta(meta, 1)), bias = hn::Set(d, LoadMeta(meta, 2));
+      for (int i = 0; i < kVectors; ++i) v[i] = hn::MulAdd(scale, basis.c0[i], hn::MulAdd(s1, basis.c1[i], bias));
+    } else if constexpr (kVectors > 0) {
+      for (int i = 0; i < kVectors; ++i) v[i] = hn::Mul(scale, basis.c0[i]);
     } else {
+      const float s1 = K::kTwo ? LoadMeta(meta, 1) : 0.0f;
+      const float bias = K::kTwo ? LoadMeta(meta, 2) : basis.bias_per_scale * s0;
       for (int c = 0; c < K::kEntries; ++c) table[c] = s0 * K::C0(c) + (s1 * K::C1(c) + bias);
     }
+  }
+
+  // Values of codes whose bits above the low four are to be ignored.
+  HWY_INLINE hn::Vec<DF> LookupLow4(hn::Vec<DU> codes) const {
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+    return hn::Vec<DF>{_mm512_permutexvar_ps(codes.raw, v[0].raw)};
+#else
+    return Lookup(hn::And(codes, hn::Set(DU(), 15u)));
+#endif
   }
 
   // Values of codes (u32 lanes below kEntries).
@@ -137,12 +184,13 @@ HWY_INLINE void RowsDot(const uint8_t* rows_base, int64_t row_stride, int64_t gr
   const DF d;
   hn::Vec<DF> acc[R];
   for (int r = 0; r < R; ++r) acc[r] = hn::Zero(d);
+  const typename Lut<K>::Basis basis(bias_per_scale);
   for (int64_t g = 0; g < groups; ++g) {
     const uint8_t* rec[R];
     Lut<K> lut[R];
     for (int r = 0; r < R; ++r) {
       rec[r] = rows_base + r * row_stride + g * K::kRecordBytes;
-      lut[r].Build(rec[r] + K::kCodeBytes, bias_per_scale);
+      lut[r].Build(rec[r] + K::kCodeBytes, basis);
     }
     const float* xg = x + g * K::kGroup;
     for (int b = 0; b < K::kGroup / (K::kSubs * N); ++b) {
@@ -150,7 +198,7 @@ HWY_INLINE void RowsDot(const uint8_t* rows_base, int64_t row_stride, int64_t gr
       for (int r = 0; r < R; ++r) bytes[r] = K::Bytes(rec[r], b);
       for (int s = 0; s < K::kSubs; ++s) {
         const auto xv = hn::LoadU(d, xg + (b * K::kSubs + s) * N);
-        for (int r = 0; r < R; ++r) acc[r] = hn::MulAdd(lut[r].Lookup(K::Codes(bytes[r], rec[r], b, s)), xv, acc[r]);
+        for (int r = 0; r < R; ++r) acc[r] = hn::MulAdd(K::Weights(lut[r], bytes[r], rec[r], b, s), xv, acc[r]);
       }
     }
   }
@@ -183,16 +231,17 @@ void DecodeTile(const BitplaneMatrix& m, size_t r0, size_t r1, size_t k0, size_t
   const DF d;
   WithKind(m.kind, [&](auto kind) {
     using K = decltype(kind);
+    const typename Lut<K>::Basis basis(m.bias_per_scale);
     for (size_t r = r0; r < r1; ++r) {
       float* o = out + (r - r0) * stride;
       for (size_t g = k0 / K::kGroup; g < k1 / K::kGroup; ++g, o += K::kGroup) {
         const uint8_t* rec = m.records.data() + (r * m.groups() + g) * K::kRecordBytes;
         Lut<K> lut;
-        lut.Build(rec + K::kCodeBytes, m.bias_per_scale);
+        lut.Build(rec + K::kCodeBytes, basis);
         for (int b = 0; b < K::kGroup / (K::kSubs * N); ++b) {
           const auto bytes = K::Bytes(rec, b);
           for (int s = 0; s < K::kSubs; ++s)
-            hn::StoreU(lut.Lookup(K::Codes(bytes, rec, b, s)), d, o + (b * K::kSubs + s) * N);
+            hn::StoreU(K::Weights(lut, bytes, rec, b, s), d, o + (b * K::kSubs + s) * N);
         }
       }
     }
