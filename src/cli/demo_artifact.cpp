@@ -1,4 +1,4 @@
-// lowbit demo-artifact OUT: writes an artifact of seeded random dense tensors through the artifact writer. It
+// lowbit demo-artifact OUT: writes an artifact of seeded random tensors (dense and quantized) through the artifact writer. It
 // lets `./run demo` show the write -> verify -> inspect path before a real model is involved, and gives the
 // crash-consistency test a writer process to kill.
 #include <fmt/format.h>
@@ -9,6 +9,7 @@
 
 #include "cli/command.h"
 #include "lowbit/artifact/writer.h"
+#include "lowbit/codec/codec.h"
 
 namespace {
 
@@ -20,23 +21,36 @@ struct Options {
   bool force = false;
 };
 
-// A [rows, cols] tensor of N(0, 0.02) values stored as `dtype`.
-lowbit::TensorBuffer random_tensor(std::mt19937_64& rng, lowbit::DType dtype) {
-  std::uniform_int_distribution<int> log2_dim(4, 7);
+// What the demo tensors are stored as, in turn: the dense dtypes and two quantized codecs.
+struct Storage {
+  const char* codec;
+  const char* params;
+};
+constexpr Storage kStorages[] = {{"dense", R"({"dtype": "bf16"})"},       {"offset_scale", R"({"precision": "q4"})"},
+                                 {"dense", R"({"dtype": "f16"})"},        {"offset_scale", R"({"precision": "q3"})"},
+                                 {"dense", R"({"dtype": "f32"})"}};
+
+// A [rows, cols] tensor of N(0, 0.02) values, encoded with `storage`'s codec.
+lowbit::codec::EncodedTensor random_tensor(std::mt19937_64& rng, const Storage& storage, lowbit::Shape& shape) {
+  std::uniform_int_distribution<int> log2_rows(4, 7), log2_cols(6, 8);  // whole groups of 64 columns
   std::normal_distribution<float> value(0.0f, 0.02f);
-  lowbit::TensorBuffer t = lowbit::make_buffer(dtype, {int64_t{1} << log2_dim(rng), int64_t{1} << log2_dim(rng)});
-  const size_t n = static_cast<size_t>(t.shape[0] * t.shape[1]);
-  for (size_t i = 0; i < n; ++i) lowbit::store_float(dtype, t.bytes.data(), i, value(rng));
-  return t;
+  shape = {int64_t{1} << log2_rows(rng), int64_t{1} << log2_cols(rng)};
+  std::vector<float> weights(static_cast<size_t>(shape[0] * shape[1]));
+  for (float& w : weights) w = value(rng);
+  const auto& codec = lowbit::codec::codec_or_throw(storage.codec, "[demo-artifact]");
+  return codec.encode(nlohmann::json::parse(storage.params), shape, weights.data(), {});
 }
 
 void run(const Options& o) {
   using namespace lowbit::artifact;
-  constexpr lowbit::DType kDTypes[] = {lowbit::DType::BF16, lowbit::DType::F16, lowbit::DType::F32};
   std::mt19937_64 rng(o.seed);
   ArtifactWriter writer(o.out, {.shard_bytes = o.shard_bytes, .force = o.force});
-  for (size_t i = 0; i < o.tensors; ++i)
-    writer.add_dense(fmt::format("layers.{}.weight", i), random_tensor(rng, kDTypes[i % 3]).view());
+  for (size_t i = 0; i < o.tensors; ++i) {
+    const Storage& storage = kStorages[i % std::size(kStorages)];
+    lowbit::Shape shape;
+    auto encoded = random_tensor(rng, storage, shape);
+    writer.add(fmt::format("layers.{}.weight", i), shape, storage.codec, std::move(encoded));
+  }
   const nlohmann::json config = {{"model_type", "lowbit-demo"}, {"num_tensors", o.tensors}};
   writer.add_file_contents("config.json", FileRole::config, config.dump(2) + "\n");
   writer.set_config(config);
@@ -51,7 +65,7 @@ void run(const Options& o) {
 
 void setup(CLI::App& root) {
   static Options o;
-  auto* cmd = root.add_subcommand("demo-artifact", "Write an artifact of seeded random tensors (for demos and tests)");
+  auto* cmd = root.add_subcommand("demo-artifact", "Write an artifact of seeded random tensors, dense and quantized (for demos and tests)");
   cmd->add_option("out", o.out, "Destination directory")->required();
   cmd->add_option("--tensors", o.tensors, "Number of tensors")->check(CLI::Range(size_t{0}, size_t{10000}));
   cmd->add_option("--seed", o.seed, "Random seed");
