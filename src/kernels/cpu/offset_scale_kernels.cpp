@@ -2,7 +2,7 @@
 
 #include <vector>
 
-#include "kernels/cpu/bitplane_kernels.h"
+#include "kernels/cpu/lut_kernels.h"
 #include "lowbit/codec/offset_scale.h"
 #include "lowbit/core/thread_pool.h"
 
@@ -11,7 +11,7 @@ namespace lowbit::kernels {
 std::unique_ptr<CpuLinear> prepare_offset_scale(const codec::TensorRef& tensor) {
   namespace os = codec::offset_scale;
   const os::Layout l = os::layout(tensor.params, tensor.shape);
-  BitplaneMatrix m(l.grid.bits == 3 ? BitplaneKind::offset_scale3 : BitplaneKind::offset_scale4, l.rows, l.cols,
+  LutMatrix m(l.grid.bits == 3 ? LutKind::offset_scale3 : LutKind::offset_scale4, l.rows, l.cols,
                    l.padded_cols, -static_cast<float>(l.grid.offset));
   const auto* codes = tensor.arrays.at("codes").as<uint8_t>();
   const auto* scales = tensor.arrays.at("scales").as<uint16_t>();
@@ -25,7 +25,7 @@ std::unique_ptr<CpuLinear> prepare_offset_scale(const codec::TensorRef& tensor) 
         m.set_meta(r, g, 0, f16_to_f32(scales[r * l.groups_per_row() + g]));
     }
   });
-  return make_bitplane_linear(std::move(m));
+  return make_lut_linear(std::move(m));
 }
 
 }  // namespace lowbit::kernels

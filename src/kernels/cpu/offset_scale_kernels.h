@@ -1,5 +1,6 @@
 // CPU kernels for the offset_scale codec (lowbit/codec/offset_scale.h): the codes are re-laid out at prepare
-// time, one row at a time, into 3 or 4 bit planes per group of 64 with the scale as f32 (bitplane_kernels.h).
+// time, one row at a time, into the table-lookup layout of lut_kernels.h (3-bit codes stay 3 bits) with the
+// group scale as f32.
 #pragma once
 
 #include <memory>

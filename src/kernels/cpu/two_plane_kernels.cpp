@@ -2,7 +2,7 @@
 
 #include <vector>
 
-#include "kernels/cpu/bitplane_kernels.h"
+#include "kernels/cpu/lut_kernels.h"
 #include "lowbit/codec/two_plane.h"
 #include "lowbit/core/thread_pool.h"
 
@@ -11,7 +11,7 @@ namespace lowbit::kernels {
 std::unique_ptr<CpuLinear> prepare_two_plane(const codec::TensorRef& tensor) {
   namespace tp = codec::two_plane;
   const tp::Layout l = tp::layout(tensor.params, tensor.shape);
-  BitplaneMatrix m(BitplaneKind::two_plane, l.rows, l.cols, l.padded_cols, 0.0f);
+  LutMatrix m(LutKind::two_plane, l.rows, l.cols, l.padded_cols, 0.0f);
   const auto padded = static_cast<size_t>(l.padded_cols), groups = static_cast<size_t>(l.groups_per_row());
   default_pool().parallel_for(static_cast<size_t>(l.rows), 64, [&](size_t r0, size_t r1) {
     // One row of plane codes and metadata: the bounded scratch.
@@ -30,7 +30,7 @@ std::unique_ptr<CpuLinear> prepare_two_plane(const codec::TensorRef& tensor) {
       }
     }
   });
-  return make_bitplane_linear(std::move(m));
+  return make_lut_linear(std::move(m));
 }
 
 }  // namespace lowbit::kernels

@@ -1,7 +1,7 @@
-// SIMD code for the bit-plane layout (see bitplane_kernels.h), compiled per Highway target and dispatched at run
+// SIMD code for the table-lookup layouts (see lut_kernels.h), compiled per Highway target and dispatched at run
 // time (the pattern of simd.cpp).
 #undef HWY_TARGET_INCLUDE
-#define HWY_TARGET_INCLUDE "kernels/cpu/bitplane_kernels.cpp"
+#define HWY_TARGET_INCLUDE "kernels/cpu/lut_kernels.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
 
@@ -10,10 +10,10 @@
 #include <cstring>
 #include <type_traits>
 
-#include "kernels/cpu/bitplane_kernels.h"
+#include "kernels/cpu/lut_kernels.h"
 
 HWY_BEFORE_NAMESPACE();
-namespace lowbit::kernels::bitplane_simd {
+namespace lowbit::kernels::lut_simd {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
@@ -206,16 +206,16 @@ HWY_INLINE void RowsDot(const uint8_t* rows_base, int64_t row_stride, int64_t gr
 }
 
 template <class Fn>
-void WithKind(BitplaneKind kind, Fn&& fn) {
+void WithKind(LutKind kind, Fn&& fn) {
   switch (kind) {
-    case BitplaneKind::offset_scale3: fn(OffsetScale3()); break;
-    case BitplaneKind::offset_scale4: fn(OffsetScale4()); break;
-    case BitplaneKind::two_plane: fn(TwoPlane()); break;
+    case LutKind::offset_scale3: fn(OffsetScale3()); break;
+    case LutKind::offset_scale4: fn(OffsetScale4()); break;
+    case LutKind::two_plane: fn(TwoPlane()); break;
   }
 }
 
 // y[r - r0] for rows [r0, r1), four rows at a time.
-void Matvec(const BitplaneMatrix& m, const float* x, size_t r0, size_t r1, float* y) {
+void Matvec(const LutMatrix& m, const float* x, size_t r0, size_t r1, float* y) {
   WithKind(m.kind, [&](auto kind) {
     using K = decltype(kind);
     const int64_t stride = m.groups() * K::kRecordBytes;
@@ -227,7 +227,7 @@ void Matvec(const BitplaneMatrix& m, const float* x, size_t r0, size_t r1, float
 }
 
 // Rows [r0, r1) x columns [k0, k1) (both multiples of the group size) decoded to f32.
-void DecodeTile(const BitplaneMatrix& m, size_t r0, size_t r1, size_t k0, size_t k1, float* out, size_t stride) {
+void DecodeTile(const LutMatrix& m, size_t r0, size_t r1, size_t k0, size_t k1, float* out, size_t stride) {
   const DF d;
   WithKind(m.kind, [&](auto kind) {
     using K = decltype(kind);
@@ -251,7 +251,7 @@ void DecodeTile(const BitplaneMatrix& m, size_t r0, size_t r1, size_t k0, size_t
 size_t Lanes() { return hn::Lanes(DF()); }
 
 }  // namespace HWY_NAMESPACE
-}  // namespace lowbit::kernels::bitplane_simd
+}  // namespace lowbit::kernels::lut_simd
 HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
@@ -264,28 +264,28 @@ HWY_AFTER_NAMESPACE();
 
 namespace lowbit::kernels {
 
-namespace bitplane_simd {
+namespace lut_simd {
 HWY_EXPORT(Matvec);
 HWY_EXPORT(DecodeTile);
 HWY_EXPORT(Lanes);
-}  // namespace bitplane_simd
+}  // namespace lut_simd
 
-BitplaneMatrix::BitplaneMatrix(BitplaneKind k, int64_t rows_, int64_t cols_, int64_t padded_cols_, float bias)
+LutMatrix::LutMatrix(LutKind k, int64_t rows_, int64_t cols_, int64_t padded_cols_, float bias)
     : kind(k), bias_per_scale(bias), rows(rows_), cols(cols_), padded_cols(padded_cols_) {
-  lanes = static_cast<int64_t>(HWY_DYNAMIC_DISPATCH(bitplane_simd::Lanes)());
-  group_size = k == BitplaneKind::two_plane ? 128 : 64;
+  lanes = static_cast<int64_t>(HWY_DYNAMIC_DISPATCH(lut_simd::Lanes)());
+  group_size = k == LutKind::two_plane ? 128 : 64;
   code_bytes = static_cast<int>(nibbles() ? group_size / 2 : 3 * group_size / 8);
   const int64_t block = (nibbles() ? 2 : 4) * lanes;
-  meta_floats = k == BitplaneKind::two_plane ? 3 : 1;
+  meta_floats = k == LutKind::two_plane ? 3 : 1;
   if (padded_cols % group_size != 0 || padded_cols < cols || group_size % block != 0)
-    fail(Errc::internal, "[bitplane] padded width {} for {} columns, groups of {}, {} lanes", padded_cols, cols,
+    fail(Errc::internal, "[lut_kernels] padded width {} for {} columns, groups of {}, {} lanes", padded_cols, cols,
          group_size, lanes);
-  records.assign(checked_mul(checked_mul(static_cast<uint64_t>(rows), static_cast<uint64_t>(groups()), "[bitplane]"),
-                             static_cast<uint64_t>(record_bytes()), "[bitplane]"),
+  records.assign(checked_mul(checked_mul(static_cast<uint64_t>(rows), static_cast<uint64_t>(groups()), "[lut_kernels]"),
+                             static_cast<uint64_t>(record_bytes()), "[lut_kernels]"),
                  0);
 }
 
-void BitplaneMatrix::set_codes(int64_t r, const uint8_t* codes) {
+void LutMatrix::set_codes(int64_t r, const uint8_t* codes) {
   for (int64_t g = 0; g < groups(); ++g) {
     uint8_t* rec = record(r, g);
     const uint8_t* q = codes + g * group_size;
@@ -309,9 +309,9 @@ namespace {
 
 constexpr size_t kChunkCols = 1024;  // batched path: columns decoded per tile (a multiple of 64 and 128)
 
-class BitplaneLinear final : public CpuLinear {
+class LutLinear final : public CpuLinear {
  public:
-  explicit BitplaneLinear(BitplaneMatrix m) : m_(std::move(m)) {}
+  explicit LutLinear(LutMatrix m) : m_(std::move(m)) {}
   int64_t rows() const override { return m_.rows; }
   int64_t cols() const override { return m_.cols; }
   uint64_t weight_bytes() const override { return m_.records.size(); }
@@ -326,7 +326,7 @@ class BitplaneLinear final : public CpuLinear {
     simd::tiled_matmul(
         static_cast<size_t>(m_.rows), padded, kChunkCols,
         [&](size_t r0, size_t r1, size_t k0, size_t k1, float* out, size_t stride) {
-          HWY_DYNAMIC_DISPATCH(bitplane_simd::DecodeTile)(m_, r0, r1, k0, k1, out, stride);
+          HWY_DYNAMIC_DISPATCH(lut_simd::DecodeTile)(m_, r0, r1, k0, k1, out, stride);
         },
         xp.data(), padded, static_cast<size_t>(m), y, static_cast<size_t>(m_.rows), pool);
   }
@@ -337,7 +337,7 @@ class BitplaneLinear final : public CpuLinear {
     std::vector<float> row(static_cast<size_t>(m_.padded_cols));
     for (const int32_t id : ids) {
       const auto r = static_cast<size_t>(id);
-      HWY_DYNAMIC_DISPATCH(bitplane_simd::DecodeTile)(m_, r, r + 1, 0, row.size(), row.data(), row.size());
+      HWY_DYNAMIC_DISPATCH(lut_simd::DecodeTile)(m_, r, r + 1, 0, row.size(), row.data(), row.size());
       out = std::copy_n(row.data(), m_.cols, out);
     }
   }
@@ -348,24 +348,24 @@ class BitplaneLinear final : public CpuLinear {
     std::vector<float> xp(static_cast<size_t>(m_.padded_cols), 0.0f);
     std::copy_n(x, m_.cols, xp.data());
     pool.parallel_for(static_cast<size_t>(m_.rows), 16, [&](size_t r0, size_t r1) {
-      HWY_DYNAMIC_DISPATCH(bitplane_simd::Matvec)(m_, xp.data(), r0, r1, y + r0);
+      HWY_DYNAMIC_DISPATCH(lut_simd::Matvec)(m_, xp.data(), r0, r1, y + r0);
     });
   }
 
   // The nibble layout depends on the lanes of the target it was built for.
   void check_target() const {
-    const auto lanes = static_cast<int64_t>(HWY_DYNAMIC_DISPATCH(bitplane_simd::Lanes)());
+    const auto lanes = static_cast<int64_t>(HWY_DYNAMIC_DISPATCH(lut_simd::Lanes)());
     if (lanes != m_.lanes)
-      fail(Errc::internal, "[bitplane] weight prepared for {} SIMD lanes, running with {}", m_.lanes, lanes);
+      fail(Errc::internal, "[lut_kernels] weight prepared for {} SIMD lanes, running with {}", m_.lanes, lanes);
   }
 
-  BitplaneMatrix m_;
+  LutMatrix m_;
 };
 
 }  // namespace
 
-std::unique_ptr<CpuLinear> make_bitplane_linear(BitplaneMatrix matrix) {
-  return std::make_unique<BitplaneLinear>(std::move(matrix));
+std::unique_ptr<CpuLinear> make_lut_linear(LutMatrix matrix) {
+  return std::make_unique<LutLinear>(std::move(matrix));
 }
 
 }  // namespace lowbit::kernels

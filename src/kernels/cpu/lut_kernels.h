@@ -25,14 +25,14 @@
 
 namespace lowbit::kernels {
 
-enum class BitplaneKind {
+enum class LutKind {
   offset_scale3,  // crumbs, groups of 64
   offset_scale4,  // nibbles, groups of 64
   two_plane,      // nibbles, groups of 128
 };
 
-struct BitplaneMatrix {
-  BitplaneKind kind = BitplaneKind::two_plane;
+struct LutMatrix {
+  LutKind kind = LutKind::two_plane;
   int64_t lanes = 0;    // N the nibble layout was built for (simd::float_lanes())
   int code_bytes = 0;   // per group
   int meta_floats = 0;  // 1 (scale) or 3 (sb, sr, bias)
@@ -41,9 +41,9 @@ struct BitplaneMatrix {
   int64_t rows = 0, cols = 0, padded_cols = 0;
   std::vector<uint8_t> records;  // [rows, groups, record_bytes()]
 
-  BitplaneMatrix(BitplaneKind kind, int64_t rows, int64_t cols, int64_t padded_cols, float bias_per_scale);
+  LutMatrix(LutKind kind, int64_t rows, int64_t cols, int64_t padded_cols, float bias_per_scale);
   int64_t groups() const { return padded_cols / group_size; }
-  bool nibbles() const { return kind != BitplaneKind::offset_scale3; }
+  bool nibbles() const { return kind != LutKind::offset_scale3; }
   int64_t record_bytes() const { return code_bytes + 4 * meta_floats; }
   uint8_t* record(int64_t r, int64_t g) { return records.data() + (r * groups() + g) * record_bytes(); }
 
@@ -52,7 +52,7 @@ struct BitplaneMatrix {
   void set_meta(int64_t r, int64_t g, int i, float v) { std::memcpy(record(r, g) + code_bytes + 4 * i, &v, 4); }
 };
 
-// The CPU linear over a bit-plane matrix (matvec, batched matmul, gather).
-std::unique_ptr<CpuLinear> make_bitplane_linear(BitplaneMatrix matrix);
+// The CPU linear over a table-lookup matrix (matvec, batched matmul, gather).
+std::unique_ptr<CpuLinear> make_lut_linear(LutMatrix matrix);
 
 }  // namespace lowbit::kernels

@@ -38,7 +38,7 @@ struct TargetScope {
   ~TargetScope() { hwy::SetSupportedTargetsForTest(0); }
 };
 
-TEST(BitplaneKernels, EveryTargetMatchesTheDecoder) {
+TEST(LutKernels, EveryTargetMatchesTheDecoder) {
   const std::vector<Case> cases = {
       {"offset_scale", {{"precision", "q3"}}},
       {"offset_scale", {{"precision", "q3_full8"}}},
