@@ -221,8 +221,9 @@ void decode_rows(const Params& params, const Shape& shape, const ArrayViews& arr
     fail(Errc::internal, "[trellis] decode_rows [{}, {}) outside [0, {})", row_begin, row_end, lay.rows);
   std::unique_ptr<hadamard::RandomizedHadamard> r_in;
   if (lay.rotate_input) r_in = std::make_unique<hadamard::RandomizedHadamard>(lay.padded_cols, lay.input_seed);
+  std::vector<float> v(static_cast<size_t>(lay.padded_cols));
   const auto emit = [&](const float* padded_row, int64_t row) {
-    std::vector<float> v(padded_row, padded_row + lay.padded_cols);
+    std::copy_n(padded_row, lay.padded_cols, v.begin());
     if (r_in) r_in->inverse(v.data());
     std::memcpy(out + (row - row_begin) * lay.cols, v.data(), sizeof(float) * static_cast<size_t>(lay.cols));
   };

@@ -26,36 +26,30 @@ struct BlockEncoder::Workspace {
 namespace {
 
 // Eight lanes as GCC/Clang vector extensions: one portable source, compiled per instruction set below.
-// 32-byte vectors only cross always-inline boundaries, so the ABI note GCC gives for them does not apply (it is
-// emitted at the end of the file, hence for the whole file).
-#pragma GCC diagnostic ignored "-Wpsabi"
 typedef float F8 __attribute__((vector_size(32)));
 typedef int32_t I8 __attribute__((vector_size(32)));
 typedef uint8_t B8 __attribute__((vector_size(8)));
 
+// Vectors only pass by reference between these helpers (a by-value 32-byte vector would change the ABI on
+// builds without AVX).
 #define LOWBIT_INLINE inline __attribute__((always_inline))
 
-LOWBIT_INLINE F8 load8(const float* p) {
-  F8 v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-LOWBIT_INLINE void store8(float* p, F8 v) { std::memcpy(p, &v, sizeof v); }
+LOWBIT_INLINE void load8(F8& v, const float* p) { std::memcpy(&v, p, sizeof v); }
+LOWBIT_INLINE void store8(float* p, const F8& v) { std::memcpy(p, &v, sizeof v); }
 
-// Lanes of vector V of the 8 * 2^K successors of eight groups: lane l belongs to group (8 V + l) >> K.
-template <int K, int V>
-LOWBIT_INLINE F8 spread(F8 best) {
-  return __builtin_shufflevector(best, best, (8 * V + 0) >> K, (8 * V + 1) >> K, (8 * V + 2) >> K,
-                                 (8 * V + 3) >> K, (8 * V + 4) >> K, (8 * V + 5) >> K, (8 * V + 6) >> K,
-                                 (8 * V + 7) >> K);
-}
-
+// next[8 V + l] = best[(8 V + l) >> K] + wt (table[8 V + l] - xt)^2 for V < 2^K: eight groups' successors.
 template <int K, size_t... V>
-LOWBIT_INLINE void add_errors(F8 best, const float* table, float* next, F8 xt, F8 wt, std::index_sequence<V...>) {
+LOWBIT_INLINE void add_errors(const F8& best, const float* table, float* next, const F8& xt, const F8& wt,
+                              std::index_sequence<V...>) {
   (
       [&] {
-        const F8 d = load8(table + 8 * V) - xt;
-        store8(next + 8 * V, spread<K, static_cast<int>(V)>(best) + wt * d * d);
+        F8 t;
+        load8(t, table + 8 * V);
+        const F8 d = t - xt;
+        const F8 spread = __builtin_shufflevector(best, best, (8 * V + 0) >> K, (8 * V + 1) >> K, (8 * V + 2) >> K,
+                                                  (8 * V + 3) >> K, (8 * V + 4) >> K, (8 * V + 5) >> K,
+                                                  (8 * V + 6) >> K, (8 * V + 7) >> K);
+        store8(next + 8 * V, spread + wt * d * d);
       }(),
       ...);
 }
@@ -68,10 +62,11 @@ LOWBIT_INLINE void step(const float* table, uint32_t U, float xt, float wt, cons
   constexpr uint32_t J = 1u << K;
   const F8 x8 = xt - F8{}, w8 = wt - F8{};
   for (uint32_t u = 0; u < U; u += 8) {
-    F8 best = load8(cost + u);
+    F8 best, c;
+    load8(best, cost + u);
     I8 arg = {};
     for (uint32_t j = 1; j < J; ++j) {
-      const F8 c = load8(cost + u + j * U);
+      load8(c, cost + u + j * U);
       const I8 lt = c < best;
       best = lt ? c : best;
       arg = lt ? I8{} + static_cast<int32_t>(j) : arg;
