@@ -2,7 +2,8 @@
 // decodes a tile of rows once and reuses it across the activations, and a row gather. SIMD code is compiled per
 // Highway target (see simd.cpp for the pattern) and dispatched at run time.
 //
-// Matvec per row r:  y[r] = sum_g scale[r,g] * (sum_{i in g} q[r,i] x[i]) + sum_g bias[r,g] * xsum[g]
+// Matvec per row r, with codes read as m = 1 + q / 2^b (BlockDecoder::Mantissa):
+//   y[r] = sum_g (2^b scale[r,g]) * (sum_{i in g} m[r,i] x[i]) + sum_g (bias[r,g] - 2^b scale[r,g]) * xsum[g]
 // where xsum[g] (the activations summed over group g) is computed once per call.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/cpu/affine_kernels.cpp"
@@ -49,6 +50,9 @@ struct BlockDecoder {
   DF df;
   hn::Vec<DU> lo_mask = hn::Set(du, A == 8 ? 0xFFu : (1u << A) - 1u);
   hn::Vec<DU> hi_mask = hn::Set(du, C ? (1u << C) - 1u : 0u);
+  hn::Vec<DU> one_bits = hn::Set(du, 0x3F800000u);
+  hn::Vec<DU> lo_field = hn::Set(du, (A == 8 ? 0xFFu : (1u << A) - 1u) << (23 - A - C));
+  hn::Vec<DU> hi_field = hn::Set(du, (C ? (1u << C) - 1u : 0u) << (23 - C));
   hn::Vec<DU> hi_shift;
   IndicesU hi_index;
   hn::Vec<DU> lo, hi;
@@ -72,6 +76,26 @@ struct BlockDecoder {
     }
   }
 
+  // Code k of each lane as the float 1 + q / 2^B, built by placing q in the top mantissa bits of 1.0f: a shift
+  // and a masked OR (one ternary-logic op on AVX-512) per plane instead of mask + int-to-float conversion.
+  // Callers fold the offset and the 2^B into the scale and bias (see MatvecT).
+  template <int K>
+  HWY_INLINE hn::Vec<DF> Mantissa() const {
+    constexpr int B = A + C;
+    auto bits = hn::OrAnd(one_bits, ShiftTo<K * A, 23 - B>(lo), lo_field);
+    if constexpr (C != 0) bits = hn::OrAnd(bits, ShiftTo<K * C, 23 - B + A>(hi), hi_field);
+    return hn::BitCast(df, bits);
+  }
+
+  template <int From, int To>
+  HWY_INLINE static hn::Vec<DU> ShiftTo(hn::Vec<DU> v) {
+    if constexpr (From > To)
+      return hn::ShiftRight<From - To>(v);
+    else
+      return hn::ShiftLeft<To - From>(v);
+  }
+
+  // Code k of each lane as a float (exact).
   template <int K>
   HWY_INLINE hn::Vec<DF> Code() const {
     auto q = hn::ShiftRight<K * A>(lo);
@@ -114,6 +138,16 @@ struct RowParams {
     simd::to_f32(p.scale_dtype, p.biases + static_cast<size_t>(r) * n * bytes, n, biases.data());
   }
 
+  // For codes read as m = 1 + q / 2^bits: scale * q + bias = (2^bits scale) * m + (bias - 2^bits scale).
+  void load_for_mantissas(const AffinePlanes& p, int64_t r) {
+    load(p, r);
+    const float unit = static_cast<float>(1 << (p.lo_bits + p.hi_bits));
+    for (size_t g = 0; g < static_cast<size_t>(p.groups); ++g) {
+      scales[g] *= unit;
+      biases[g] -= scales[g];
+    }
+  }
+
   // The scales (or biases) of the block starting at low-plane unit e0, one per lane.
   HWY_INLINE hn::Vec<DF> lanes(const std::vector<float>& v, int64_t e0) const {
     const DF df;
@@ -122,10 +156,20 @@ struct RowParams {
   }
 };
 
-// even/odd += codes of block b times their activations (two accumulators halve the FMA dependency chain).
+// Four accumulators (code k feeds acc[k % 4]) keep the FMA dependency chains short enough for the
+// out-of-order window to overlap groups.
+struct Accumulators {
+  hn::Vec<DF> v[4];
+  Accumulators() {
+    for (auto& a : v) a = hn::Zero(DF());
+  }
+  hn::Vec<DF> sum() const { return hn::Add(hn::Add(v[0], v[1]), hn::Add(v[2], v[3])); }
+};
+
+// acc += codes of block b (as mantissas) times their activations.
 template <class Dec>
 HWY_INLINE void AccumulateBlock(Dec& dec, const AffinePlanes& p, const uint32_t* lo_row, const uint32_t* hi_row,
-                                int64_t b, const float* xp, hn::Vec<DF>& even, hn::Vec<DF>& odd) {
+                                int64_t b, const float* xp, Accumulators& acc) {
   const DF df;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df));
   dec.Load(p, lo_row, hi_row, b * N);
@@ -133,11 +177,7 @@ HWY_INLINE void AccumulateBlock(Dec& dec, const AffinePlanes& p, const uint32_t*
   ForEachCode(
       [&](auto k) {
         constexpr int K = decltype(k)::value;
-        const auto xk = hn::LoadU(df, xb + K * N);
-        if constexpr (K % 2 == 0)
-          even = hn::MulAdd(dec.template Code<K>(), xk, even);
-        else
-          odd = hn::MulAdd(dec.template Code<K>(), xk, odd);
+        acc.v[K % 4] = hn::MulAdd(dec.template Mantissa<K>(), hn::LoadU(df, xb + K * N), acc.v[K % 4]);
       },
       std::make_integer_sequence<int, Dec::kCodesPerLane>());
 }
@@ -151,23 +191,23 @@ void MatvecT(const AffinePlanes& p, const float* xp, const float* xsum, size_t r
   Dec dec;
   RowParams params(p);
   for (size_t r = r0; r < r1; ++r) {
-    params.load(p, static_cast<int64_t>(r));
+    params.load_for_mantissas(p, static_cast<int64_t>(r));
     const uint32_t* lo_row = p.lo + static_cast<int64_t>(r) * p.lo_words;
     const uint32_t* hi_row = p.hi ? p.hi + static_cast<int64_t>(r) * p.hi_words : nullptr;
     auto total = hn::Zero(df);
     if (params.lanes_span_groups) {  // one block holds several groups: a scale per lane
       for (int64_t b = 0; b < blocks; ++b) {
-        auto even = hn::Zero(df), odd = hn::Zero(df);
-        AccumulateBlock(dec, p, lo_row, hi_row, b, xp, even, odd);
-        total = hn::MulAdd(params.lanes(params.scales, b * N), hn::Add(even, odd), total);
+        Accumulators acc;
+        AccumulateBlock(dec, p, lo_row, hi_row, b, xp, acc);
+        total = hn::MulAdd(params.lanes(params.scales, b * N), acc.sum(), total);
       }
     } else {  // whole blocks per group: one scale per group, applied once
       const int64_t blocks_per_group = params.units_per_group / N;
       for (int64_t g = 0; g < p.groups; ++g) {
-        auto even = hn::Zero(df), odd = hn::Zero(df);
+        Accumulators acc;
         for (int64_t b = g * blocks_per_group; b < (g + 1) * blocks_per_group; ++b)
-          AccumulateBlock(dec, p, lo_row, hi_row, b, xp, even, odd);
-        total = hn::MulAdd(hn::Set(df, params.scales[static_cast<size_t>(g)]), hn::Add(even, odd), total);
+          AccumulateBlock(dec, p, lo_row, hi_row, b, xp, acc);
+        total = hn::MulAdd(hn::Set(df, params.scales[static_cast<size_t>(g)]), acc.sum(), total);
       }
     }
     y[r - r0] = hn::GetLane(hn::SumOfLanes(df, total)) +
