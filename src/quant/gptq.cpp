@@ -110,7 +110,8 @@ double hessian_loss(const std::vector<float>& w, const std::vector<float>& q, in
 RoundingResult gptq_quantize(const codec::Codec& codec, const codec::Params& params, const Shape& shape,
                              const float* w_in, const Hessian& h, const GptqOptions& options) {
   if (!codec.quantize_column) fail(Errc::internal, "[gptq] codec '{}' has no column quantizer", codec.id);
-  const auto [rows, cols] = codec::matrix_dims(shape);
+  // Plain variables, not a structured binding: the lambdas below capture them (clang 14 cannot).
+  const int64_t rows = codec::matrix_dims(shape).first, cols = codec::matrix_dims(shape).second;
   if (h.dim != cols) fail(Errc::shape, "[gptq] Hessian is {} wide, weight has {} columns", h.dim, cols);
 
   std::vector<float> w(w_in, w_in + rows * cols);

@@ -13,6 +13,7 @@
 #include "lowbit/core/sha256.h"
 #include "lowbit/kernels/cpu.h"
 #include "lowbit/model/model.h"
+#include "lowbit/quant/allocate.h"
 #include "lowbit/quant/calibration.h"
 #include "lowbit/quant/gptq.h"
 
@@ -107,7 +108,8 @@ class Quantizer {
   // and returns the stored encoding for the caller to run the model on.
   codec::EncodedTensor encode(const model::NamedTensor& t, const Hessian* h) {
     const std::vector<float> w = codec::decode_all(t.ref);
-    const CodecChoice choice = o_.recipe.choose(t.name, t.ref.shape);
+    const auto chosen = allocated_.find(t.name);
+    const CodecChoice choice = chosen != allocated_.end() ? chosen->second : o_.recipe.choose(t.name, t.ref.shape);
     const codec::Codec& codec = codec::codec_or_throw(choice.codec, t.name);
     TensorReport r{t.name, t.ref.shape, choice, "rtn"};
     codec::EncodeOptions eo;
@@ -139,6 +141,37 @@ class Quantizer {
     return enc;
   }
 
+  // Measures every candidate of a tensor's rule by plain rounding: its bytes, and its error (Hessian-weighted
+  // where a Hessian is given, plain squared error otherwise).
+  AllocationItem measure(const model::NamedTensor& t, const Hessian* h) const {
+    AllocationItem item{t.name, {}, {}};
+    const std::vector<CodecChoice> candidates =
+        t.ref.shape.size() == 2 ? o_.recipe.rule_for(t.name).candidates : std::vector<CodecChoice>{dense_f32()};
+    const std::vector<float> w = codec::decode_all(t.ref);
+    const int64_t rows = codec::matrix_dims(t.ref.shape).first;
+    for (const CodecChoice& c : candidates) {
+      const codec::Codec& codec = codec::codec_or_throw(c.codec, t.name);
+      codec::EncodeOptions eo;
+      eo.seed = o_.seed;
+      const codec::EncodedTensor enc = codec.encode(c.params, t.ref.shape, w.data(), eo);
+      const std::vector<float> q = codec::decode_all({&codec, enc.params, t.ref.shape, enc.views()});
+      double loss = 0;
+      if (h && h->dim > 0) {
+        loss = hessian_loss(w, q, rows, *h);
+      } else {
+        for (size_t i = 0; i < w.size(); ++i) loss += (static_cast<double>(w[i]) - q[i]) * (w[i] - q[i]);
+      }
+      item.bytes.push_back(encoded_bytes(enc));
+      item.loss.push_back(loss);
+    }
+    candidates_[t.name] = candidates;
+    return item;
+  }
+
+  void apply(const std::vector<AllocationItem>& items, const Allocation& a) {
+    for (size_t i = 0; i < items.size(); ++i) allocated_[items[i].name] = candidates_.at(items[i].name)[a.choice[i]];
+  }
+
  private:
   void record(const TensorReport& r) {
     const uint64_t n = checked_numel(r.shape, r.name);
@@ -155,7 +188,52 @@ class Quantizer {
   model::Model& model_;
   artifact::ArtifactWriter& writer_;
   QuantizeReport& report_;
+  std::map<std::string, CodecChoice, std::less<>> allocated_;
+  mutable std::map<std::string, std::vector<CodecChoice>> candidates_;
 };
+
+// --target-bpw: measures every tensor's candidates on the full-precision model (layer by layer, with the
+// calibration Hessians when there are any) and picks one per tensor within the byte budget.
+nlohmann::json allocate_bits(const QuantizeOptions& o, model::Model& model, Quantizer& quantizer,
+                             const std::map<int64_t, std::vector<const model::NamedTensor*>>& by_layer,
+                             const std::optional<CalibrationText>& calib) {
+  std::vector<AllocationItem> items;
+  uint64_t weights = 0;
+  for (const auto& t : model.tensors) weights += checked_numel(t.ref.shape, t.name);
+  Progress progress("measure candidates", model.tensors.size(), "tensors");
+  for (const auto& t : model.tensors) {
+    int64_t layer;
+    LinearInput input;
+    if (linear_input_of(t.name, layer, input)) continue;
+    items.push_back(quantizer.measure(t, nullptr));
+    progress.advance();
+  }
+  std::optional<LayerwiseCalibrator> calibrator;
+  if (calib) calibrator.emplace(model, *calib);
+  for (const auto& [layer, tensors] : by_layer) {
+    LayerHessians hessians;
+    if (calibrator) hessians = calibrator->capture(layer);
+    for (const model::NamedTensor* t : tensors) {
+      int64_t l;
+      LinearInput input;
+      linear_input_of(t->name, l, input);
+      items.push_back(quantizer.measure(*t, calibrator ? &hessians.of(input) : nullptr));
+      progress.advance();
+    }
+    if (calibrator) calibrator->advance(layer);
+  }
+  progress.finish();
+  const auto budget = static_cast<uint64_t>(*o.target_bpw * static_cast<double>(weights) / 8.0);
+  const Allocation a = allocate(items, budget);
+  if (!a.feasible)
+    std::fprintf(stderr, "[quantize] warning: %.3f bits per weight is below the smallest candidates (%.3f)\n",
+                 *o.target_bpw, 8.0 * static_cast<double>(a.bytes) / static_cast<double>(weights));
+  quantizer.apply(items, a);
+  nlohmann::json out{{"target_bits_per_weight", *o.target_bpw}, {"budget_bytes", budget}, {"bytes", a.bytes},
+                     {"feasible", a.feasible}, {"choices", nlohmann::json::object()}};
+  for (size_t i = 0; i < items.size(); ++i) out["choices"][items[i].name] = a.choice[i];
+  return out;
+}
 
 }  // namespace
 
@@ -180,7 +258,8 @@ nlohmann::json QuantizeReport::to_json() const {
           {"wall_seconds", seconds},
           {"peak_rss_bytes", peak_rss},
           {"calibration_tokens", calibration_tokens},
-          {"source_quantized", source_quantized}};
+          {"source_quantized", source_quantized},
+          {"allocation", allocation}};
 }
 
 QuantizeReport quantize(const QuantizeOptions& o) {
@@ -202,17 +281,20 @@ QuantizeReport quantize(const QuantizeOptions& o) {
 
   artifact::ArtifactWriter writer(o.destination, {o.shard_bytes, o.force});
   Quantizer quantizer(o, *model, writer, report);
-  Progress progress("quantize", model->tensors.size(), "tensors");
-
-  // Tensors outside the layers' linears first: embedding, norms, head, biases.
   std::map<int64_t, std::vector<const model::NamedTensor*>> by_layer;
   for (const auto& t : model->tensors) {
     int64_t layer;
     LinearInput input;
-    if (linear_input_of(t.name, layer, input)) {
-      by_layer[layer].push_back(&t);
-      continue;
-    }
+    if (linear_input_of(t.name, layer, input)) by_layer[layer].push_back(&t);
+  }
+  if (o.target_bpw) report.allocation = allocate_bits(o, *model, quantizer, by_layer, calib);
+
+  // Tensors outside the layers' linears first: embedding, norms, head, biases.
+  Progress progress("quantize", model->tensors.size(), "tensors");
+  for (const auto& t : model->tensors) {
+    int64_t layer;
+    LinearInput input;
+    if (linear_input_of(t.name, layer, input)) continue;
     quantizer.encode(t, nullptr);
     progress.advance();
   }

@@ -50,6 +50,7 @@ struct QuantizeReport {
   uint64_t peak_rss = 0;
   int64_t calibration_tokens = 0;
   bool source_quantized = false;
+  nlohmann::json allocation;  // --target-bpw's budget and per-tensor choices (candidate indices), else null
   double bits_per_weight() const;
   double linear_bits_per_weight() const;
   nlohmann::json to_json() const;
