@@ -289,18 +289,21 @@ void LutMatrix::set_codes(int64_t r, const uint8_t* codes) {
   for (int64_t g = 0; g < groups(); ++g) {
     uint8_t* rec = record(r, g);
     const uint8_t* q = codes + g * group_size;
-    std::memset(rec, 0, static_cast<size_t>(code_bytes));
     if (nibbles()) {
-      for (int64_t j = 0; j < group_size; ++j) {
-        const int64_t block = j / (2 * lanes), lane = j % lanes, high = (j / lanes) % 2;
-        rec[block * lanes + lane] |= static_cast<uint8_t>((q[j] & 15u) << (4 * high));
+      for (int64_t b = 0; b < group_size / (2 * lanes); ++b, q += 2 * lanes)
+        for (int64_t j = 0; j < lanes; ++j) *rec++ = static_cast<uint8_t>((q[j] & 15u) | (q[lanes + j] & 15u) << 4);
+      continue;
+    }
+    for (int64_t b = 0; b < group_size / (4 * lanes); ++b)
+      for (int64_t j = 0; j < lanes; ++j) {
+        const uint8_t* w = q + b * 4 * lanes + j;
+        *rec++ = static_cast<uint8_t>((w[0] & 3u) | (w[lanes] & 3u) << 2 | (w[2 * lanes] & 3u) << 4 |
+                                      (w[3 * lanes] & 3u) << 6);
       }
-    } else {
-      for (int64_t j = 0; j < group_size; ++j) {
-        const int64_t block = j / (4 * lanes), lane = j % lanes, sub = (j / lanes) % 4;
-        rec[block * lanes + lane] |= static_cast<uint8_t>((q[j] & 3u) << (2 * sub));
-        rec[group_size / 4 + j / 8] |= static_cast<uint8_t>(((q[j] >> 2) & 1u) << (j % 8));
-      }
+    for (int64_t i = 0; i < group_size / 8; ++i) {
+      uint8_t high = 0;
+      for (int t = 0; t < 8; ++t) high |= static_cast<uint8_t>(((q[8 * i + t] >> 2) & 1u) << t);
+      *rec++ = high;
     }
   }
 }
