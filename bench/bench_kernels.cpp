@@ -2,7 +2,8 @@
 // [out, in]) on all cores, reporting the effective GB/s of weight bytes read next to the machine's read
 // bandwidth, measured first by the same binary (a multi-threaded sum over a buffer larger than the LLC).
 // Each case cycles through enough copies of its weight to exceed twice the LLC, so figures are from DRAM,
-// as in a real model whose layers do not fit in cache.
+// as in a real model whose layers do not fit in cache. matvec_hot_1thread/* gives each kernel's compute
+// ceiling per core (one thread, weight in cache, CPU time).
 #include <benchmark/benchmark.h>
 #include <unistd.h>
 
@@ -134,6 +135,24 @@ void BM_Matvec(benchmark::State& state, const lowbit::codec::Codec* codec, Param
   state.SetLabel(lowbit::kernels::simd::target_name());
 }
 
+// The compute ceiling: one thread on one copy of a [1024 x 4096] weight that stays in cache; GB/s of weight
+// bytes per core (CPU time), to set against the per-core share of the read bandwidth.
+void BM_MatvecHot(benchmark::State& state, const lowbit::codec::Codec* codec, Params params) {
+  const int64_t rows = 1024, cols = 4096;
+  const auto weights = random_weights(rows, cols);
+  const auto tensor = codec->encode(params, {rows, cols}, weights.data(), {});
+  const auto kernel = lowbit::kernels::prepare_cpu({codec, tensor.params, {rows, cols}, tensor.views()});
+  std::vector<float> x(static_cast<size_t>(cols), 0.01f), y(static_cast<size_t>(rows));
+  lowbit::ThreadPool single(1);
+  for (auto _ : state) {
+    kernel->matmul(x.data(), 1, y.data(), single);
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.counters["GB/s"] = benchmark::Counter(static_cast<double>(kernel->weight_bytes()) / 1e9,
+                                              benchmark::Counter::kIsIterationInvariantRate);
+  state.SetLabel(lowbit::kernels::simd::target_name());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -153,6 +172,10 @@ int main(int argc, char** argv) {
             ->UseRealTime()
             ->Unit(benchmark::kMicrosecond);
       }
+    for (const Params& params : it->second) {
+      const std::string name = "matvec_hot_1thread/" + std::string(codec.id) + "/" + params.dump() + "/1024x4096";
+      benchmark::RegisterBenchmark(name.c_str(), BM_MatvecHot, &codec, params)->Unit(benchmark::kMicrosecond);
+    }
   }
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
