@@ -8,6 +8,8 @@
 #include "lowbit/model/gguf_model.h"
 #include "lowbit/model/hf.h"
 #include "lowbit/model/llama2c.h"
+#include "lowbit/model/mlx.h"
+#include "lowbit/io/json.h"
 #include "lowbit/model/model.h"
 #include "lowbit/model/tokenizers.h"
 
@@ -27,7 +29,10 @@ std::unique_ptr<Model> load_model(const std::filesystem::path& path, const LoadO
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) {
     if (std::filesystem::exists(path / "manifest.json")) return load_artifact_model(path, options);
-    if (std::filesystem::exists(path / "config.json")) return load_hf(path, options);
+    if (std::filesystem::exists(path / "config.json")) {
+      if (is_mlx_quantized(io::read_json_file(path / "config.json", "load_model", 16 << 20))) return load_mlx(path, options);
+      return load_hf(path, options);
+    }
     fail(Errc::format, "[load_model] {}: a directory without config.json or manifest.json", path.string());
   }
   if (!std::filesystem::is_regular_file(path, ec)) fail(Errc::missing_file, "[load_model] {}: no such file", path.string());

@@ -235,6 +235,32 @@ nlohmann::json allocate_bits(const QuantizeOptions& o, model::Model& model, Quan
   return out;
 }
 
+// An artifact of only affine and dense tensors also carries mlx-lm's config.json: the HF config plus a
+// "quantization" block whose defaults are the most common affine setting and whose per-module entries override it.
+std::optional<nlohmann::json> mlx_config(const nlohmann::json& hf_config, const QuantizeReport& report) {
+  std::map<std::pair<int64_t, int64_t>, int> counts;
+  for (const auto& t : report.tensors) {
+    if (t.choice.codec == "dense") continue;
+    if (t.choice.codec != "affine" || !t.name.ends_with(".weight")) return std::nullopt;
+    counts[{t.choice.params.at("bits").get<int64_t>(), t.choice.params.at("group_size").get<int64_t>()}]++;
+  }
+  if (counts.empty()) return std::nullopt;
+  const auto common = std::max_element(counts.begin(), counts.end(),
+                                       [](const auto& a, const auto& b) { return a.second < b.second; })->first;
+  nlohmann::json q{{"group_size", common.second}, {"bits", common.first}, {"mode", "affine"}};
+  for (const auto& t : report.tensors) {
+    if (t.choice.codec != "affine") continue;
+    const std::pair<int64_t, int64_t> setting{t.choice.params.at("bits").get<int64_t>(),
+                                              t.choice.params.at("group_size").get<int64_t>()};
+    if (setting != common)
+      q[t.name.substr(0, t.name.size() - 7)] = {{"group_size", setting.second}, {"bits", setting.first}};
+  }
+  nlohmann::json config = hf_config;
+  config["quantization"] = q;
+  config["quantization_config"] = q;
+  return config;
+}
+
 }  // namespace
 
 double QuantizeReport::bits_per_weight() const { return weights ? 8.0 * bytes / weights : 0.0; }
@@ -324,6 +350,8 @@ QuantizeReport quantize(const QuantizeOptions& o) {
   progress.finish();
 
   writer.set_config(model::config_to_hf_json(model->config));
+  if (const auto mlx = mlx_config(model::config_to_hf_json(model->config), report))
+    writer.add_file_contents("config.json", artifact::FileRole::config, mlx->dump(2) + "\n");
   for (const auto& f : tokenizer_files(o)) writer.add_file(f, artifact::FileRole::tokenizer);
   artifact::Provenance prov;
   prov.tool = "lowbit " LOWBIT_VERSION;

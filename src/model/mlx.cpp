@@ -1,0 +1,103 @@
+#include "lowbit/model/mlx.h"
+
+#include <set>
+
+#include "lowbit/core/error.h"
+#include "lowbit/io/json.h"
+#include "lowbit/io/safetensors.h"
+#include "lowbit/model/architecture.h"
+
+namespace lowbit::model {
+
+namespace {
+
+constexpr uint64_t kMaxConfigBytes = 16 << 20;
+
+// The module's quantization: its override when the block has one, else the block's defaults.
+std::pair<int64_t, int64_t> bits_and_group(const nlohmann::json& q, const std::string& module, std::string_view source) {
+  const nlohmann::json* spec = &q;
+  if (const auto it = q.find(module); it != q.end()) {
+    if (!it->is_object())
+      fail(Errc::format, "[load_mlx] {}: quantization override for '{}' is not an object", source, module);
+    spec = &*it;
+  }
+  const auto get = [&](const char* key) {
+    const auto it = spec->find(key);
+    const auto fallback = q.find(key);
+    const auto& v = it != spec->end() ? *it : (fallback != q.end() ? *fallback : nlohmann::json());
+    if (!v.is_number_integer()) fail(Errc::format, "[load_mlx] {}: quantization '{}' missing for '{}'", source, key, module);
+    return v.get<int64_t>();
+  };
+  const std::string mode = spec->value("mode", q.value("mode", std::string("affine")));
+  if (mode != "affine")
+    fail(Errc::unsupported, "[load_mlx] {}: quantization mode '{}' of '{}' is not supported (affine only)", source,
+         mode, module);
+  return {get("bits"), get("group_size")};
+}
+
+std::string_view scale_dtype_param(DType t, const std::string& name, std::string_view source) {
+  switch (t) {
+    case DType::F32: return "f32";
+    case DType::F16: return "f16";
+    case DType::BF16: return "bf16";
+    default: fail(Errc::dtype, "[load_mlx] {}: '{}' has dtype {} (F32, F16 or BF16 expected)", source, name, dtype_name(t));
+  }
+}
+
+}  // namespace
+
+bool is_mlx_quantized(const nlohmann::json& config) {
+  return config.is_object() && config.contains("quantization") && config["quantization"].is_object();
+}
+
+std::unique_ptr<Model> load_mlx(const std::filesystem::path& dir, const LoadOptions& options) {
+  const auto config_path = dir / "config.json";
+  const std::string source = config_path.string();
+  const nlohmann::json config = io::read_json_file(config_path, "load_mlx", kMaxConfigBytes);
+  ModelConfig c = parse_hf_config(config, source);
+  if (options.max_seq) c.max_seq = std::min(c.max_seq, *options.max_seq);
+  const nlohmann::json& q = config.at("quantization");
+
+  auto ckpt = std::make_shared<io::SafetensorsCheckpoint>(io::SafetensorsCheckpoint::open(dir));
+  ModelBuilder b;
+  b.keep_alive(ckpt);
+  const codec::Codec& dense = codec::codec_or_throw("dense", "load_mlx");
+  const codec::Codec& affine = codec::codec_or_throw("affine", "load_mlx");
+  std::set<std::string> consumed;
+  for (const std::string& name : ckpt->names()) {
+    if (!name.ends_with(".scales")) continue;
+    const std::string module = name.substr(0, name.size() - 7);
+    for (const char* part : {".weight", ".biases"})
+      if (!ckpt->contains(module + part))
+        fail(Errc::format, "[load_mlx] {}: '{}' has scales but no '{}{}'", source, module, module, part);
+    const TensorView codes = ckpt->tensor(module + ".weight");
+    const TensorView scales = ckpt->tensor(name);
+    const TensorView biases = ckpt->tensor(module + ".biases");
+    const auto [bits, group] = bits_and_group(q, module, source);
+    if (codes.dtype != DType::U32 || codes.shape.size() != 2)
+      fail(Errc::dtype, "[load_mlx] {}: '{}.weight' must be a U32 matrix", source, module);
+    if (bits < 1 || bits > 8) fail(Errc::codec_params, "[load_mlx] {}: '{}' has {} bits", source, module, bits);
+    codec::TensorRef ref;
+    ref.codec = &affine;
+    ref.shape = {codes.shape[0], codes.shape[1] * 32 / bits};
+    ref.params = {{"bits", bits}, {"group_size", group}, {"scale_dtype", scale_dtype_param(scales.dtype, name, source)}};
+    ref.arrays.items = {{"codes", codes}, {"scales", scales}, {"biases", biases}};
+    codec::validate_tensor(ref, fmt::format("[load_mlx] {}: '{}'", source, module));
+    b.add(module + ".weight", std::move(ref));
+    consumed.insert({module + ".weight", name, module + ".biases"});
+  }
+  for (const std::string& name : ckpt->names()) {
+    if (consumed.contains(name) || name.ends_with("rotary_emb.inv_freq")) continue;
+    if (name == "lm_head.weight" && c.tied_embeddings) continue;
+    const TensorView view = ckpt->tensor(name);
+    codec::TensorRef ref;
+    ref.codec = &dense;
+    ref.params = {{"dtype", scale_dtype_param(view.dtype, name, source)}};
+    ref.shape = view.shape;
+    ref.arrays.items.emplace_back("data", view);
+    b.add(name, std::move(ref));
+  }
+  return b.finish(c, dir.string());
+}
+
+}  // namespace lowbit::model
