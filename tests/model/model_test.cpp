@@ -1,0 +1,208 @@
+// The forward pass, loaders, conversion and generation, on small random models and on stories260K.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "lowbit/core/error.h"
+#include "lowbit/core/thread_pool.h"
+#include "lowbit/model/architecture.h"
+#include "lowbit/model/generate.h"
+#include "lowbit/model/hf.h"
+#include "lowbit/model/llama2c.h"
+#include "model/tiny_model.h"
+
+namespace lowbit::model {
+namespace {
+
+namespace fs = std::filesystem;
+
+const fs::path kStories = fs::path(LOWBIT_SHARED_DIR) / "models" / "stories260K";
+
+#define SKIP_WITHOUT_STORIES()                                                                        \
+  if (!fs::exists(kStories / "stories260K.bin")) GTEST_SKIP() << "../shared/models/stories260K is absent"
+
+fs::path temp_dir(std::string_view name) {
+  const fs::path dir = fs::temp_directory_path() / fmt::format("lowbit_model_test_{}_{}", name, ::getpid());
+  fs::remove_all(dir);
+  return dir;
+}
+
+// Logits [tokens, vocab] of every position, one decode step at a time.
+std::vector<float> stepwise_logits(const Model& m, const std::vector<int32_t>& tokens, ThreadPool& pool) {
+  KvCache cache(m.config, static_cast<int64_t>(tokens.size()));
+  std::vector<float> out(tokens.size() * m.config.vocab);
+  for (size_t i = 0; i < tokens.size(); ++i)
+    forward(m, cache, std::span(&tokens[i], 1), static_cast<int64_t>(i), out.data() + i * m.config.vocab, false, pool);
+  return out;
+}
+
+std::vector<float> prefill_logits(const Model& m, const std::vector<int32_t>& tokens, ThreadPool& pool) {
+  KvCache cache(m.config, static_cast<int64_t>(tokens.size()));
+  std::vector<float> out(tokens.size() * m.config.vocab);
+  forward(m, cache, tokens, 0, out.data(), true, pool);
+  return out;
+}
+
+void expect_near(const std::vector<float>& a, const std::vector<float>& b, float tol) {
+  ASSERT_EQ(a.size(), b.size());
+  float worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(a[i] - b[i]));
+  EXPECT_LE(worst, tol);
+}
+
+const std::vector<int32_t> kTokens{1, 5, 9, 30, 2, 17, 17, 4, 0, 31, 12};
+
+TEST(Forward, PrefillMatchesDecodeForEveryArchitectureFlag) {
+  ThreadPool pool(3);
+  for (int variant = 0; variant < 4; ++variant) {
+    ModelConfig c = testing::tiny_config();
+    c.qkv_bias = variant == 1;
+    c.qk_norm = variant == 2;
+    c.tied_embeddings = variant == 3;
+    c.rope_style = variant == 3 ? RopeStyle::interleaved : RopeStyle::half;
+    const auto m = testing::tiny_model(c, 7 + variant);
+    expect_near(prefill_logits(*m, kTokens, pool), stepwise_logits(*m, kTokens, pool), 1e-5f);
+  }
+}
+
+TEST(Forward, LogitsDependOnContext) {
+  ThreadPool pool(1);
+  const auto m = testing::tiny_model(testing::tiny_config());
+  const auto a = prefill_logits(*m, {1, 2, 3}, pool);
+  const auto b = prefill_logits(*m, {4, 2, 3}, pool);
+  EXPECT_NE(std::vector<float>(a.end() - 32, a.end()), std::vector<float>(b.end() - 32, b.end()));
+}
+
+TEST(Forward, RejectsPositionsBeyondTheCache) {
+  ThreadPool pool(1);
+  const auto m = testing::tiny_model(testing::tiny_config());
+  KvCache cache(m->config, 2);
+  std::vector<float> logits(m->config.vocab);
+  const std::vector<int32_t> three{1, 2, 3};
+  try {
+    forward(*m, cache, three, 0, logits.data(), false, pool);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::limit);
+  }
+  const std::vector<int32_t> bad{99};
+  EXPECT_THROW(forward(*m, cache, bad, 0, logits.data(), false, pool), Error);
+}
+
+TEST(Rope, PermutationRoundTripsAndMovesPairs) {
+  std::vector<float> w(2 * 4 * 3);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(i);
+  const auto half = permute_rope_rows(w, 2, 4, 3, RopeStyle::interleaved, RopeStyle::half);
+  // Head 0: interleaved rows (0,1),(2,3) are pairs; in half layout pair i sits at rows i and i + 2.
+  EXPECT_EQ(half[1 * 3], w[2 * 3]);  // half row 1 = interleaved row 2
+  EXPECT_EQ(half[2 * 3], w[1 * 3]);  // half row 2 = interleaved row 1
+  EXPECT_EQ(permute_rope_rows(half, 2, 4, 3, RopeStyle::half, RopeStyle::interleaved), w);
+}
+
+TEST(Config, ParsesArchitectureRows) {
+  nlohmann::json hf = {{"model_type", "qwen3"}, {"hidden_size", 64}, {"num_hidden_layers", 2},
+                       {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"head_dim", 32},
+                       {"intermediate_size", 96}, {"vocab_size", 100}, {"rope_theta", 1e6},
+                       {"tie_word_embeddings", true}, {"eos_token_id", 5}};
+  ModelConfig c = parse_hf_config(hf, "test");
+  EXPECT_EQ(c.arch, "qwen3");
+  EXPECT_TRUE(c.qk_norm);
+  EXPECT_EQ(c.head_dim, 32);
+  EXPECT_EQ(c.q_dim(), 128);
+  EXPECT_EQ(c.eos_ids, std::vector<int32_t>{5});
+  hf["model_type"] = "qwen2";
+  EXPECT_TRUE(parse_hf_config(hf, "test").qkv_bias);
+  hf["model_type"] = "gpt2";
+  hf["architectures"] = {"GPT2LMHeadModel"};
+  try {
+    parse_hf_config(hf, "test");
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::unsupported);
+  }
+  hf["model_type"] = "llama";
+  hf["num_key_value_heads"] = 3;
+  EXPECT_THROW(parse_hf_config(hf, "test"), Error);
+}
+
+TEST(Config, Llama3RopeScalingKeepsHighAndScalesLowFrequencies) {
+  ModelConfig c = testing::tiny_config();
+  c.head_dim = 128;
+  c.rope_theta = 500000;
+  const auto plain = rope_inv_freq(c);
+  c.rope_scaling = {RopeScaling::Kind::llama3, 8.0, 1.0, 4.0, 8192};
+  const auto scaled = rope_inv_freq(c);
+  EXPECT_EQ(scaled.front(), plain.front());                       // wavelength 2*pi: untouched
+  EXPECT_FLOAT_EQ(scaled.back(), plain.back() / 8.0f);            // longest wavelength: divided by factor
+  for (size_t i = 0; i < plain.size(); ++i) EXPECT_LE(scaled[i], plain[i]);
+}
+
+TEST(Llama2c, TokenizerRoundTripsText) {
+  SKIP_WITHOUT_STORIES();
+  const auto tok = load_llama2c_tokenizer(kStories / "tok512.bin");
+  EXPECT_EQ(tok->vocab_size(), 512);
+  const std::string text = "Once upon a time, Lily saw a big red ball. \xc3\xa9\xe2\x9c\x93!";
+  const auto ids = tok->encode(text, true);
+  ASSERT_GT(ids.size(), 2u);
+  EXPECT_EQ(ids[0], 1);
+  EXPECT_EQ(tok->decode(ids), text);
+  EXPECT_EQ(tok->encode("", true), std::vector<int32_t>{1});
+}
+
+TEST(Llama2c, RejectsTruncatedCheckpoint) {
+  SKIP_WITHOUT_STORIES();
+  const fs::path dir = temp_dir("trunc");
+  fs::create_directories(dir);
+  std::ifstream in(kStories / "stories260K.bin", std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), {});
+  for (size_t keep : {size_t{10}, size_t{1000}, bytes.size() - 4}) {
+    std::ofstream(dir / "cut.bin", std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(keep));
+    EXPECT_THROW(load_model(dir / "cut.bin"), Error) << keep;
+  }
+  fs::remove_all(dir);
+}
+
+TEST(Stories260K, GreedyGenerationMatchesReference) {
+  SKIP_WITHOUT_STORIES();
+  std::ifstream ref_file(kStories / "REFERENCE.md");
+  std::stringstream ref_text;
+  ref_text << ref_file.rdbuf();
+  const std::string ref = ref_text.str();
+  const size_t open = ref.find("```\n");
+  const size_t close = ref.find("```", open + 4);
+  ASSERT_NE(close, std::string::npos);
+  const std::string expected = ref.substr(open + 4, close - open - 4);
+
+  const auto model = load_model(kStories / "stories260K.bin");
+  const auto tok = load_tokenizer(kStories / "stories260K.bin", kStories / "tok512.bin");
+  GenerateOptions options;
+  options.steps = 255;
+  options.sampler.temperature = 0;
+  std::string out;
+  ThreadPool pool(2);
+  const auto stats = generate(*model, *tok, options, pool, [&](std::string_view s) { out += s; });
+  EXPECT_EQ(out, expected);
+  EXPECT_EQ(stats.generated_tokens, 256);
+}
+
+TEST(Stories260K, HfConversionGivesTheSameLogits) {
+  SKIP_WITHOUT_STORIES();
+  const auto original = load_model(kStories / "stories260K.bin");
+  EXPECT_EQ(original->config.rope_style, RopeStyle::interleaved);
+  const fs::path dir = temp_dir("convert");
+  write_hf(*original, dir);
+  const auto converted = load_model(dir);
+  EXPECT_EQ(converted->config.rope_style, RopeStyle::half);
+  EXPECT_TRUE(converted->config.tied_embeddings);
+  ThreadPool pool(2);
+  const std::vector<int32_t> tokens{1, 403, 407, 261, 378, 44, 343, 290, 280, 15, 300};
+  expect_near(prefill_logits(*original, tokens, pool), prefill_logits(*converted, tokens, pool), 1e-5f);
+  EXPECT_THROW(write_hf(*original, dir), Error);  // refuses an existing directory
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace lowbit::model
