@@ -28,6 +28,8 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr std::string_view kOp = "write_artifact";
+// mlx-lm loads every "model*.safetensors" of a directory, so payloads carry that prefix.
+constexpr std::string_view kPayloadPrefix = "model-";
 
 // An open file descriptor, closed on scope exit.
 class Fd {
@@ -115,9 +117,16 @@ codec::Params dense_params(DType dtype) {
 }
 
 // The key of a stored array inside its payload: the tensor's own name for a codec's single "data" array, so that
-// other safetensors tools see dense tensors under their names; "<name>:<role>" otherwise.
+// other safetensors tools see dense tensors under their names; MLX's names for a "<module>.weight" tensor's codes,
+// scales and biases ("<module>.weight", "<module>.scales", "<module>.biases"), so that an all-affine artifact is
+// an mlx-lm checkpoint; "<name>:<role>" otherwise.
 std::string array_key(const std::string& tensor, const std::string& role) {
-  return role == "data" ? tensor : tensor + ":" + role;
+  if (role == "data") return tensor;
+  if (tensor.ends_with(".weight") && (role == "codes" || role == "scales" || role == "biases")) {
+    const std::string module = tensor.substr(0, tensor.size() - 7);
+    return module + (role == "codes" ? ".weight" : "." + role);
+  }
+  return tensor + ":" + role;
 }
 
 bool replaceable(const fs::path& dest) {
@@ -161,7 +170,7 @@ struct ArtifactWriter::Impl {
   size_t shards_written = 0;
   bool committed = false;
 
-  std::string shard_name() const { return fmt::format("payload-{:05d}.safetensors", shards_written + 1); }
+  std::string shard_name() const { return fmt::format("{}{:05d}.safetensors", kPayloadPrefix, shards_written + 1); }
 
   void flush_shard() {
     if (shard.empty()) return;
@@ -183,7 +192,7 @@ struct ArtifactWriter::Impl {
 
   void check_new_file(const std::string& file) const {
     check_file_name(file, fmt::format("[{}] {}", kOp, dest.string()));
-    if (file == kManifestName || file.starts_with("payload-"))
+    if (file == kManifestName || file.starts_with(kPayloadPrefix))
       fail(Errc::usage, "[{}] {}: file name '{}' is reserved for the manifest and payloads", kOp, dest.string(), file);
     if (manifest.find_file(file)) fail(Errc::duplicate, "[{}] {}: file '{}' added twice", kOp, dest.string(), file);
     if (manifest.files.size() >= kMaxFiles) fail(Errc::limit, "[{}] {}: more than {} files", kOp, dest.string(), kMaxFiles);

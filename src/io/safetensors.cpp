@@ -246,13 +246,33 @@ std::map<std::string, std::vector<std::string>> read_weight_map(const fs::path& 
 
 namespace {
 
-// The file a checkpoint path names: itself, or the index (else the single file) inside a directory.
+// The file a checkpoint path names: itself, or the index (else the single file) inside a directory; the
+// directory itself when it holds only "model*.safetensors" shards, which mlx-lm loads without an index.
 fs::path checkpoint_file(const fs::path& path) {
   std::error_code ec;
   if (!fs::is_directory(path, ec)) return path;
   if (exists_no_follow(path / kIndexName)) return path / kIndexName;
   if (exists_no_follow(path / kSingleName)) return path / kSingleName;
-  fail(Errc::missing_file, "[{}] {}: holds neither {} nor {}", kCheckpointOp, path.string(), kIndexName, kSingleName);
+  for (const auto& e : fs::directory_iterator(path, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.starts_with("model") && name.ends_with(".safetensors")) return path;
+  }
+  fail(Errc::missing_file, "[{}] {}: holds neither {} nor {} nor model*.safetensors shards", kCheckpointOp,
+       path.string(), kIndexName, kSingleName);
+}
+
+// The "model*.safetensors" shards of a directory, in name order.
+std::vector<fs::path> unindexed_shards(const fs::path& dir) {
+  std::vector<fs::path> shards;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    if (name.starts_with("model") && name.ends_with(".safetensors")) shards.push_back(e.path());
+  }
+  if (shards.size() > kMaxShards)
+    fail(Errc::limit, "[{}] {}: {} shards, more than the {} allowed", kCheckpointOp, dir.string(), shards.size(),
+         kMaxShards);
+  std::sort(shards.begin(), shards.end());
+  return shards;
 }
 
 // The weight map (tensor -> shard) must say exactly where each tensor is held, no more and no less.
@@ -277,6 +297,17 @@ void check_weight_map_matches(const std::map<std::string, size_t, std::less<>>& 
 SafetensorsCheckpoint SafetensorsCheckpoint::open(const fs::path& given) {
   const fs::path path = checkpoint_file(given);
   SafetensorsCheckpoint ck;
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) {
+    for (const fs::path& shard : unindexed_shards(path)) {
+      const size_t s = ck.shards_.size();
+      ck.shards_.push_back(std::make_unique<SafetensorsFile>(SafetensorsFile::open(shard)));
+      for (const auto& e : ck.shards_.back()->header().entries)
+        if (!ck.shard_of_.emplace(e.name, s).second)
+          fail(Errc::duplicate, "[{}] {}: tensor {} is in two shards", kCheckpointOp, shard.string(), quote(e.name));
+    }
+    return ck;
+  }
   if (path.extension() != ".json") {
     ck.shards_.push_back(std::make_unique<SafetensorsFile>(SafetensorsFile::open(path)));
     for (const auto& e : ck.shards_[0]->header().entries) ck.shard_of_.emplace(e.name, 0);

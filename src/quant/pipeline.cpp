@@ -237,11 +237,13 @@ nlohmann::json allocate_bits(const QuantizeOptions& o, model::Model& model, Quan
 
 // An artifact of only affine and dense tensors also carries mlx-lm's config.json: the HF config plus a
 // "quantization" block whose defaults are the most common affine setting and whose per-module entries override it.
+// MLX has no padding, so a width that is no multiple of its group keeps the artifact lowbit-only.
 std::optional<nlohmann::json> mlx_config(const nlohmann::json& hf_config, const QuantizeReport& report) {
   std::map<std::pair<int64_t, int64_t>, int> counts;
   for (const auto& t : report.tensors) {
     if (t.choice.codec == "dense") continue;
     if (t.choice.codec != "affine" || !t.name.ends_with(".weight")) return std::nullopt;
+    if (t.shape[1] % t.choice.params.at("group_size").get<int64_t>() != 0) return std::nullopt;
     counts[{t.choice.params.at("bits").get<int64_t>(), t.choice.params.at("group_size").get<int64_t>()}]++;
   }
   if (counts.empty()) return std::nullopt;

@@ -429,7 +429,10 @@ void apply(Corruption kind, const fs::path& dir, const fs::path& outside, std::m
     }
     case Corruption::safetensors_misaligned: {
       const RawSafetensors raw = RawSafetensors::load(payload_path);
-      write_text(payload_path, raw.assemble_unpadded(raw.header.dump() + " "));
+      // A header length of 2 mod 8 puts every array off its element alignment, whatever the key names are.
+      std::string header = raw.header.dump();
+      while (header.size() % 8 != 2) header += ' ';
+      write_text(payload_path, raw.assemble_unpadded(header));
       refresh_file_entry(dir, payload);
       break;
     }

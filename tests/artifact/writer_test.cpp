@@ -66,7 +66,7 @@ TEST(Writer, PayloadsAreOrdinarySafetensorsFiles) {
     w.add_dense("model.embed_tokens.weight", f32_tensor({4, 3}, 1.0f).view());
     w.commit();
   }
-  const auto file = io::SafetensorsFile::open(tmp / "a" / "payload-00001.safetensors");
+  const auto file = io::SafetensorsFile::open(tmp / "a" / "model-00001.safetensors");
   const TensorView t = file.tensor("model.embed_tokens.weight");
   EXPECT_EQ(t.shape, (Shape{4, 3}));
   EXPECT_EQ(t.as<float>()[5], 6.0f);

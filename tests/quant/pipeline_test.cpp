@@ -1,0 +1,164 @@
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <set>
+#include <thread>
+
+#include <fcntl.h>
+
+#include "lowbit/artifact/reader.h"
+#include "lowbit/core/error.h"
+#include "lowbit/core/thread_pool.h"
+#include "lowbit/io/json.h"
+#include "lowbit/model/hf.h"
+#include "lowbit/model/mlx.h"
+#include "lowbit/quant/pipeline.h"
+#include "model/tiny_model.h"
+
+namespace lowbit::quant {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct TempDir {
+  fs::path path = fs::temp_directory_path() / fmt::format("lowbit-quant-{}-{}", ::getpid(), counter()++);
+  TempDir() { fs::create_directories(path); }
+  ~TempDir() { fs::remove_all(path); }
+  static int& counter() {
+    static int c = 0;
+    return c;
+  }
+};
+
+// A small HF-layout source model; by default with an MLP width that needs padding (40 is no multiple of any
+// group).
+fs::path write_source(const fs::path& dir, int64_t hidden = 40) {
+  model::ModelConfig c = model::testing::tiny_config();
+  c.dim = 64;
+  c.n_heads = 4;
+  c.n_kv_heads = 2;
+  c.head_dim = 16;
+  c.hidden_dim = hidden;
+  c.vocab = 48;
+  const auto m = model::testing::tiny_model(c, 3);
+  model::write_hf(*m, dir / "src");
+  return dir / "src";
+}
+
+std::vector<float> logits_of(const model::Model& m, const std::vector<int32_t>& tokens) {
+  model::KvCache cache(m.config, static_cast<int64_t>(tokens.size()));
+  std::vector<float> out(tokens.size() * static_cast<size_t>(m.config.vocab));
+  model::forward(m, cache, tokens, 0, out.data(), true, default_pool());
+  return out;
+}
+
+TEST(Quantize, AffineArtifactIsAnMlxCheckpoint) {
+  TempDir tmp;
+  QuantizeOptions o;
+  o.source = write_source(tmp.path, 128);
+  o.destination = tmp.path / "out";
+  o.recipe = preset("affine4");
+  const QuantizeReport r = quantize(o);
+  EXPECT_GT(r.linear_bits_per_weight(), 4.0);
+  EXPECT_LT(r.linear_bits_per_weight(), 6.0);
+
+  const auto config = io::read_json_file(o.destination / "config.json", "test", 1 << 20);
+  ASSERT_TRUE(model::is_mlx_quantized(config));
+  EXPECT_EQ(config["quantization"]["bits"], 4);
+  EXPECT_EQ(config["quantization"]["group_size"], 64);
+
+  const auto via_manifest = model::load_model(o.destination);
+  const auto via_mlx = model::load_mlx(o.destination);
+  for (const auto& t : via_mlx->tensors)
+    if (t.ref.shape.size() == 2) EXPECT_EQ(t.ref.codec->id, "affine") << t.name;
+  const std::vector<int32_t> tokens{1, 5, 9, 2, 40, 7};
+  EXPECT_EQ(logits_of(*via_manifest, tokens), logits_of(*via_mlx, tokens));
+
+  // Padded widths have no MLX form: such an artifact carries no mlx-lm config.json.
+  o.source = write_source(tmp.path / "padded", 40);
+  o.destination = tmp.path / "padded_out";
+  quantize(o);
+  EXPECT_FALSE(fs::exists(o.destination / "config.json"));
+}
+
+TEST(Quantize, TargetBitsChoosesAmongCandidatesWithinBudget) {
+  TempDir tmp;
+  QuantizeOptions o;
+  o.source = write_source(tmp.path);
+  o.destination = tmp.path / "out";
+  o.recipe = preset("affine4");  // linears may take 4, 3 or 5 bits
+  o.target_bpw = 4.6;
+  const QuantizeReport r = quantize(o);
+  EXPECT_LE(r.bits_per_weight(), 4.6);
+  std::set<int64_t> bits;
+  for (const auto& t : r.tensors)
+    if (t.choice.codec == "affine" && t.name.find("layers") != std::string::npos) bits.insert(t.choice.params["bits"].get<int64_t>());
+  EXPECT_GT(bits.size(), 1u) << "a budget between the candidates should mix widths";
+  EXPECT_TRUE(r.allocation.is_object());
+  const auto art = artifact::Artifact::open(o.destination);
+  EXPECT_TRUE(art.manifest().quality.contains("quantize"));
+}
+
+TEST(Quantize, RefusesAnExistingDestinationUnlessForced) {
+  TempDir tmp;
+  QuantizeOptions o;
+  o.source = write_source(tmp.path);
+  o.destination = tmp.path / "out";
+  o.recipe = preset("q4");
+  quantize(o);
+  try {
+    quantize(o);
+    FAIL() << "overwrote without --force";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::exists);
+  }
+  o.force = true;
+  o.recipe = preset("affine3");
+  quantize(o);
+  EXPECT_EQ(artifact::Artifact::open(o.destination).provenance().recipe["name"], "affine3");
+}
+
+// The quantize command killed at random points never leaves a partial artifact: the destination is absent or
+// complete and verified.
+TEST(Quantize, KillAtRandomPointsNeverLeavesAPartialArtifact) {
+  const fs::path model = fs::path(LOWBIT_SHARED_DIR) / "models/stories260K/stories260K.bin";
+  const fs::path tok = fs::path(LOWBIT_SHARED_DIR) / "models/stories260K/tok512.bin";
+  if (!fs::exists(model)) GTEST_SKIP() << model << " absent (../shared not mounted)";
+  TempDir tmp;
+  std::mt19937_64 rng(2026);
+  std::uniform_int_distribution<int> delay_ms(0, 1500);
+  int complete = 0, absent = 0;
+  for (int run = 0; run < 6; ++run) {
+    const fs::path out = tmp.path / fmt::format("out{}", run);
+    const pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      const int devnull = ::open("/dev/null", O_WRONLY);
+      ::dup2(devnull, 1);
+      ::dup2(devnull, 2);
+      ::execl(LOWBIT_CLI, "lowbit", "quantize", model.c_str(), out.c_str(), "--preset", "affine4", "--tokenizer",
+              tok.c_str(), "--calib-tokens", "1024", static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms(rng)));
+    ::kill(pid, SIGKILL);
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    if (!fs::exists(out)) {
+      ++absent;
+      continue;
+    }
+    EXPECT_NO_THROW(artifact::Artifact::open(out)) << "run " << run;
+    ++complete;
+  }
+  EXPECT_EQ(complete + absent, 6);
+}
+
+}  // namespace
+}  // namespace lowbit::quant
