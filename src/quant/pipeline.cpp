@@ -15,6 +15,7 @@
 #include "lowbit/model/model.h"
 #include "lowbit/quant/allocate.h"
 #include "lowbit/quant/calibration.h"
+#include "lowbit/quant/fold.h"
 #include "lowbit/quant/gptq.h"
 
 namespace lowbit::quant {
@@ -192,6 +193,35 @@ class Quantizer {
   mutable std::map<std::string, std::vector<CodecChoice>> candidates_;
 };
 
+// Folds and rotates the model, then checks over a few hundred tokens that the full-precision function is kept
+// (mean KLD against the unrotated model below 1e-4) before anything is quantized.
+nlohmann::json fold_checked(std::unique_ptr<model::Model>& model, const std::optional<CalibrationText>& calib,
+                            uint64_t seed) {
+  FoldResult folded = fold_and_rotate(*model, seed);
+  std::vector<std::vector<int32_t>> windows;
+  int64_t tokens = 0;
+  if (calib) {
+    for (const auto& w : calib->windows) {
+      if (tokens >= 256) break;
+      windows.emplace_back(w.begin(), w.begin() + std::min<std::ptrdiff_t>(static_cast<std::ptrdiff_t>(w.size()), 128));
+      tokens += static_cast<int64_t>(windows.back().size());
+    }
+  } else {  // no text: a fixed pseudo-random token sequence exercises the same arithmetic
+    std::vector<int32_t> w;
+    for (int64_t i = 0; i < 256; ++i) w.push_back(static_cast<int32_t>((i * 7919 + 17) % model->config.vocab));
+    windows.push_back(w);
+  }
+  const double kld = mean_kld(*model, *folded.model, windows);
+  constexpr double kMaxFoldKld = 1e-4;
+  if (!(kld < kMaxFoldKld))
+    fail(Errc::internal, "[quantize] rotation fold changed the model: KLD {:.3g} >= {:.0e} over the check tokens", kld,
+         kMaxFoldKld);
+  std::fprintf(stderr, "[quantize] rotation fold (seed %llu): KLD %.3g against the source\n",
+               static_cast<unsigned long long>(seed), kld);
+  model = std::move(folded.model);
+  return {{"seed", seed}, {"kld", kld}, {"deviations", folded.deviations}};
+}
+
 // --target-bpw: measures every tensor's candidates on the full-precision model (layer by layer, with the
 // calibration Hessians when there are any) and picks one per tensor within the byte budget.
 nlohmann::json allocate_bits(const QuantizeOptions& o, model::Model& model, Quantizer& quantizer,
@@ -287,7 +317,8 @@ nlohmann::json QuantizeReport::to_json() const {
           {"peak_rss_bytes", peak_rss},
           {"calibration_tokens", calibration_tokens},
           {"source_quantized", source_quantized},
-          {"allocation", allocation}};
+          {"allocation", allocation},
+          {"fold", fold}};
 }
 
 QuantizeReport quantize(const QuantizeOptions& o) {
@@ -306,6 +337,8 @@ QuantizeReport quantize(const QuantizeOptions& o) {
     calib = load_calibration(*o.calibration, *tokenizer, o.calib_tokens, std::min(o.calib_ctx, model->config.max_seq));
     report.calibration_tokens = calib->tokens();
   }
+
+  if (o.recipe.rotate) report.fold = fold_checked(model, calib, o.seed);
 
   artifact::ArtifactWriter writer(o.destination, {o.shard_bytes, o.force});
   Quantizer quantizer(o, *model, writer, report);
@@ -361,6 +394,7 @@ QuantizeReport quantize(const QuantizeOptions& o) {
   prov.recipe = o.recipe.to_json();
   if (calib) prov.calibration_sha256 = calib->sha256;
   prov.seeds["quantize"] = o.seed;
+  if (o.recipe.rotate) prov.seeds["rotation"] = o.seed;
   writer.set_provenance(prov);
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   report.peak_rss = peak_rss_bytes();

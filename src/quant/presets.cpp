@@ -23,9 +23,10 @@ CodecChoice trellis(int k) { return {"trellis", json{{"L", 16}, {"k", k}, {"code
 
 // Embedding and head get their own codec; every other matrix the linears' codec. Alternatives of neighbouring
 // widths are listed so that --target-bpw can trade bits between tensors.
-Recipe linears_with_head(std::string name, CodecChoice head, std::vector<CodecChoice> linears) {
+Recipe linears_with_head(std::string name, CodecChoice head, std::vector<CodecChoice> linears, bool rotate = false) {
   Recipe r;
   r.name = std::move(name);
+  r.rotate = rotate;
   r.rules.push_back({"*embed_tokens.weight", {head}});
   r.rules.push_back({"lm_head.weight", {head}});
   r.fallback = {"*", std::move(linears)};
@@ -39,9 +40,9 @@ const std::map<std::string, std::function<Recipe()>, std::less<>>& presets() {
       {"q4", [] { return linears_with_head("q4", affine(6), {offset_scale("q4"), offset_scale("q3_full8")}); }},
       {"q3", [] { return linears_with_head("q3", affine(6), {offset_scale("q3_full8"), offset_scale("q4")}); }},
       {"fivestate", [] { return linears_with_head("fivestate", affine(6), {two_plane(), affine(3)}); }},
-      {"trellis2", [] { return linears_with_head("trellis2", affine(4), {trellis(2), trellis(3)}); }},
-      {"trellis3", [] { return linears_with_head("trellis3", affine(5), {trellis(3), trellis(2), trellis(4)}); }},
-      {"trellis4", [] { return linears_with_head("trellis4", affine(6), {trellis(4), trellis(3)}); }},
+      {"trellis2", [] { return linears_with_head("trellis2", affine(4), {trellis(2), trellis(3)}, true); }},
+      {"trellis3", [] { return linears_with_head("trellis3", affine(5), {trellis(3), trellis(2), trellis(4)}, true); }},
+      {"trellis4", [] { return linears_with_head("trellis4", affine(6), {trellis(4), trellis(3)}, true); }},
   };
   return table;
 }

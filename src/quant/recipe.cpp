@@ -102,7 +102,7 @@ nlohmann::json Recipe::to_json() const {
     }
     return j;
   };
-  json j{{"name", name}, {"rules", json::array()}};
+  json j{{"name", name}, {"rotate", rotate}, {"rules", json::array()}};
   for (const RecipeRule& r : rules) j["rules"].push_back(rule_json(r, false));
   j["default"] = rule_json(fallback, true);
   return j;
@@ -111,10 +111,14 @@ nlohmann::json Recipe::to_json() const {
 Recipe Recipe::from_json(const nlohmann::json& j, std::string_view source) {
   if (!j.is_object()) fail(Errc::format, "[recipe] {}: must be a JSON object", source);
   for (const auto& [key, value] : j.items())
-    if (key != "name" && key != "rules" && key != "default")
+    if (key != "name" && key != "rules" && key != "default" && key != "rotate")
       fail(Errc::format, "[recipe] {}: unknown key '{}'", source, key);
   Recipe r;
   r.name = j.value("name", std::string("custom"));
+  if (j.contains("rotate")) {
+    if (!j["rotate"].is_boolean()) fail(Errc::format, "[recipe] {}: 'rotate' must be true or false", source);
+    r.rotate = j["rotate"].get<bool>();
+  }
   if (j.contains("rules")) {
     if (!j["rules"].is_array()) fail(Errc::format, "[recipe] {}: 'rules' must be an array", source);
     for (size_t i = 0; i < j["rules"].size(); ++i)

@@ -50,7 +50,8 @@ struct QuantizeReport {
   uint64_t peak_rss = 0;
   int64_t calibration_tokens = 0;
   bool source_quantized = false;
-  nlohmann::json allocation;  // --target-bpw's budget and per-tensor choices (candidate indices), else null
+  nlohmann::json allocation;
+  nlohmann::json fold;        // the rotation fold's seed, check KLD and deviations, else null  // --target-bpw's budget and per-tensor choices (candidate indices), else null
   double bits_per_weight() const;
   double linear_bits_per_weight() const;
   nlohmann::json to_json() const;

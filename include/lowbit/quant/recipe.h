@@ -28,6 +28,7 @@ struct RecipeRule {
 
 struct Recipe {
   std::string name;
+  bool rotate = false;  // fold norms and rotate the residual stream before quantizing (quant/fold.h)
   std::vector<RecipeRule> rules;
   RecipeRule fallback;  // the default; its pattern is "*"
 
