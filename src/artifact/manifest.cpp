@@ -34,7 +34,9 @@ class Fields {
  public:
   Fields(const json& object, std::string_view source, std::string where)
       : object_(object), source_(source), where_(std::move(where)) {
-    if (!object_.is_object()) fail(Errc::format, "{} {}: {}: must be a JSON object", kOp, source_, where_);
+    if (!object_.is_object())
+      fail(Errc::format, "{} {}: {}: must be a JSON object, got {}", kOp, source_, where_.empty() ? "the document" : where_,
+           io::json_kind(object_));
   }
 
   std::string path(std::string_view key) const { return where_.empty() ? std::string(key) : where_ + "." + std::string(key); }

@@ -95,7 +95,7 @@ TEST(Cli, ExitCodesSayWhatWentWrong) {
 
 // Writes with many one-tensor shards (one fsync each) so that kills land in every phase of the write.
 std::vector<std::string> demo_args(const fs::path& dest, uint64_t seed, bool force) {
-  std::vector<std::string> args{"demo-artifact", dest.string(), "--tensors", "24", "--shard-bytes", "1",
+  std::vector<std::string> args{"demo-artifact", dest.string(), "--tensors", "16", "--shard-bytes", "1",
                                 "--seed", std::to_string(seed)};
   if (force) args.push_back("--force");
   return args;
