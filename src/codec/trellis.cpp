@@ -69,20 +69,21 @@ uint32_t state_at(const uint16_t* words, int T, int k, int L, int t) {
 }
 
 void decode_block(const uint16_t* words, int T, int k, int L, const float* table, float* out) {
-  const int nbits = T * k;
-  const uint32_t mask = (1u << L) - 1u, kmask = (1u << k) - 1u;
-  uint32_t s = 0;  // the L - k bits before bit 0: the stream's last L - k bits
-  for (int j = nbits - (L - k); j < nbits; ++j) s = (s << 1) | stream_bit(words, j);
-  uint64_t buf = 0;
-  int avail = 0, w = 0;
+  // The stream as big-endian bytes behind a copy of its last 32 bits (circularly) and 4 bytes of slack, so
+  // that state t, the window ending at stream bit (t + 1) k, is one 32-bit load: every step is independent.
+  constexpr int kMaxBytes = kBlock * 4 / 8;
+  const int nbytes = T * k / 8;
+  if (nbytes > kMaxBytes) fail(Errc::internal, "[trellis] decode_block of {} bits", T * k);
+  uint8_t ext[4 + kMaxBytes + 4] = {};
+  for (int i = 0; i < nbytes; ++i) ext[4 + i] = static_cast<uint8_t>(words[i / 2] >> (i % 2 == 0 ? 8 : 0));
+  for (int i = 0; i < 4; ++i) ext[i] = ext[4 + ((nbytes - 4 + i) % nbytes + nbytes) % nbytes];
+  const uint32_t mask = (1u << L) - 1u;
   for (int t = 0; t < T; ++t) {
-    if (avail < k) {
-      buf = (buf << 16) | words[w++];
-      avail += 16;
-    }
-    avail -= k;
-    s = ((s << k) | (static_cast<uint32_t>(buf >> avail) & kmask)) & mask;
-    out[t] = table[s];
+    const int q = (t + 1) * k - L + 32;  // first bit of the window in ext
+    uint32_t v;
+    std::memcpy(&v, ext + (q >> 3), 4);
+    v = __builtin_bswap32(v);
+    out[t] = table[(v >> (32 - L - (q & 7))) & mask];
   }
 }
 

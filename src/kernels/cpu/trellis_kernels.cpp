@@ -21,7 +21,12 @@ class TrellisLinear final : public CpuLinear {
   explicit TrellisLinear(const codec::TensorRef& t) : tensor_(t), layout_(tr::parse_layout(t.params, t.shape)) {
     if (layout_.rotate_input) r_in_.emplace(layout_.padded_cols, layout_.input_seed);
     if (layout_.rotate_output) r_out_.emplace(layout_.padded_rows, layout_.output_seed);
-    tr::code_table(layout_.code, layout_.L);  // built once here, not inside the parallel region
+    table_ = tr::code_table(layout_.code, layout_.L);
+    codes_ = t.arrays.at("codes").bytes.data();
+    const TensorView& scales = t.arrays.at("scales");
+    scales_.resize(static_cast<size_t>(layout_.padded_rows));
+    for (int64_t r = 0; r < layout_.padded_rows; ++r)
+      scales_[r] = load_float(DType::F16, scales.bytes.data(), static_cast<size_t>(layout_.per_row_scale ? r : 0));
   }
   int64_t rows() const override { return layout_.rows; }
   int64_t cols() const override { return layout_.cols; }
@@ -57,20 +62,31 @@ class TrellisLinear final : public CpuLinear {
   }
 
  private:
-  // Rows [r0, r0 + 16) x columns [k0, k1) of W' (tile-aligned) into out (row stride `stride`).
+  // Rows [r0, r0 + 16) x columns [k0, k1) of W' (tile-aligned) into out (row stride `stride`): the same
+  // arithmetic as codec::trellis::decode_tile, with the scales converted once.
   void decode(size_t r0, size_t k0, size_t k1, float* out, size_t stride) const {
+    const size_t wpt = static_cast<size_t>(layout_.words_per_tile());
+    const size_t tile_row = r0 / tr::kTileDim;
     float tile[tr::kBlock];
+    uint16_t words[tr::kBlock * 4 / 16];
     for (size_t c0 = k0; c0 < k1; c0 += tr::kTileDim) {
-      tr::decode_tile(layout_, tensor_.arrays, static_cast<int64_t>(r0 / tr::kTileDim),
-                      static_cast<int64_t>(c0 / tr::kTileDim), tile);
-      for (int r = 0; r < tr::kTileDim; ++r)
-        std::memcpy(out + r * stride + (c0 - k0), tile + r * tr::kTileDim, sizeof(float) * tr::kTileDim);
+      const size_t index = tile_row * static_cast<size_t>(layout_.col_tiles()) + c0 / tr::kTileDim;
+      std::memcpy(words, codes_ + index * wpt * 2, wpt * 2);
+      tr::decode_block(words, tr::kBlock, layout_.k, layout_.L, table_, tile);
+      for (int r = 0; r < tr::kTileDim; ++r) {
+        const float s = scales_[r0 + r];
+        float* dst = out + r * stride + (c0 - k0);
+        for (int c = 0; c < tr::kTileDim; ++c) dst[c] = tile[r * tr::kTileDim + c] * s;
+      }
     }
   }
 
   codec::TensorRef tensor_;
   tr::Layout layout_;
   std::optional<codec::hadamard::RandomizedHadamard> r_in_, r_out_;
+  const float* table_ = nullptr;
+  const std::byte* codes_ = nullptr;  // [row_tiles, col_tiles, 16 k] U16, possibly unaligned
+  std::vector<float> scales_;         // per padded row
 };
 
 }  // namespace
