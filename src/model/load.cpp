@@ -54,6 +54,10 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::filesystem::path& model_pat
   if (std::filesystem::is_directory(model_path, ec) && std::filesystem::exists(model_path / "manifest.json")) {
     if (const auto stored = artifact_tokenizer_file(model_path)) return load_tokenizer(model_path, stored);
   }
+  if (std::filesystem::is_regular_file(model_path, ec)) {  // llama2.c: run.c's default tokenizer.bin beside it
+    const auto beside = model_path.parent_path() / "tokenizer.bin";
+    if (std::filesystem::is_regular_file(beside, ec)) return load_llama2c_tokenizer(beside);
+  }
   if (std::filesystem::is_directory(model_path, ec)) {
     if (std::filesystem::exists(model_path / "tokenizer.json")) return load_hf_tokenizer(model_path / "tokenizer.json");
     if (std::filesystem::exists(model_path / "tokenizer.model")) return load_sentencepiece(model_path / "tokenizer.model");
