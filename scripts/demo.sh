@@ -20,7 +20,8 @@ echo "== lowbit inspect"
 echo "== a copy with one flipped byte is rejected (exit 3)"
 rm -rf "$dir/corrupt.lowbit"
 cp -r "$art" "$dir/corrupt.lowbit"
-printf '\x55' | dd of="$dir/corrupt.lowbit/payload-00001.safetensors" bs=1 seek=200 conv=notrunc status=none
+payload=$(ls "$dir"/corrupt.lowbit/*.safetensors | head -n 1)
+printf '\x55' | dd of="$payload" bs=1 seek=200 conv=notrunc status=none
 status=0
 "$lowbit" verify "$dir/corrupt.lowbit" || status=$?
 echo "exit status $status"
