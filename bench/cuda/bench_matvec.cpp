@@ -1,0 +1,199 @@
+// GPU decode matvec throughput per codec at Llama-shaped matrices, with cuBLAS bf16 timed the same way in the
+// same process. Every timing replays a CUDA graph of `kLaunches` launches that rotate over enough weight copies
+// to exceed L2 (so each launch streams from HBM), and reports the median over replays.
+// Effective GB/s counts the bytes the artifact stores for the weight (codes + scales + biases).
+// Usage: bench_cuda [--json FILE] [--quick]
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "lowbit/codec/codec.h"
+#include "lowbit/core/error.h"
+#include "lowbit/kernels/cuda.h"
+#include "cuda/random_tensor.h"
+
+namespace lc = lowbit::kernels::cuda;
+using lowbit::DType;
+
+namespace {
+
+constexpr int kLaunches = 24;
+constexpr uint64_t kRotationBytes = uint64_t{512} << 20;  // several times the 60 MB L2
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) lowbit::fail(lowbit::Errc::internal, "[bench_cuda] {}: {}", what, cudaGetErrorString(e));
+}
+
+// Median microseconds per launch of fn(i) for i in [0, kLaunches), captured in one graph.
+double time_graph(const std::function<void(int, cudaStream_t)>& fn) {
+  cudaStream_t s;
+  check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream");
+  for (int i = 0; i < kLaunches; ++i) fn(i, s);  // warm-up outside the graph
+  check(cudaStreamSynchronize(s), "warm-up");
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  check(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "capture");
+  for (int i = 0; i < kLaunches; ++i) fn(i, s);
+  check(cudaStreamEndCapture(s, &g), "end capture");
+  check(cudaGraphInstantiate(&ge, g, 0), "instantiate");
+  cudaEvent_t a, b;
+  check(cudaEventCreate(&a), "event");
+  check(cudaEventCreate(&b), "event");
+  std::vector<float> ms;
+  for (int rep = 0; rep < 25; ++rep) {
+    check(cudaEventRecord(a, s), "record");
+    check(cudaGraphLaunch(ge, s), "graph launch");
+    check(cudaEventRecord(b, s), "record");
+    check(cudaEventSynchronize(b), "sync");
+    float t;
+    check(cudaEventElapsedTime(&t, a, b), "elapsed");
+    if (rep >= 3) ms.push_back(t);
+  }
+  std::sort(ms.begin(), ms.end());
+  cudaGraphExecDestroy(ge);
+  cudaGraphDestroy(g);
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  cudaStreamDestroy(s);
+  return ms[ms.size() / 2] * 1e3 / kLaunches;
+}
+
+uint16_t to_bf16(float f) { return lowbit::f32_to_bf16(f); }
+
+struct Row {
+  std::string codec;
+  int64_t n, k;
+  int m;
+  double us, gbps, bits;
+};
+
+struct Case {
+  std::string name, id;
+  lowbit::codec::Params params;
+};
+
+Row bench_codec(const Case& c, int64_t n, int64_t k, int m, std::mt19937_64& rng) {
+  const lowbit::testing::RandomTensor host = lowbit::testing::random_tensor(c.id, c.params, n, k, rng);
+  const uint64_t bytes = lowbit::codec::bits_per_weight(*host.ref.codec, host.ref.params, host.ref.shape) * n * k / 8;
+  const int copies = static_cast<int>(std::clamp<uint64_t>(kRotationBytes / bytes + 1, 2, kLaunches));
+  std::vector<std::unique_ptr<lc::CudaLinear>> ws;
+  for (int i = 0; i < copies; ++i) ws.push_back(lc::prepare_cuda(host.ref));
+  std::normal_distribution<float> nd;
+  std::vector<float> x(static_cast<size_t>(m * k));
+  for (float& v : x) v = nd(rng);
+  lc::DeviceBuffer dx(x.size() * 4), dy(static_cast<size_t>(m * n) * 4);
+  dx.upload(x.data(), dx.size());
+  const double us = time_graph([&](int i, cudaStream_t s) {
+    ws[i % copies]->matmul(dx.as<const float>(), m, dy.as<float>(), s);
+  });
+  return {c.name, n, k, m, us, static_cast<double>(ws[0]->weight_bytes()) / us / 1e3,
+          8.0 * ws[0]->weight_bytes() / (n * k)};
+}
+
+// cuBLAS bf16 GEMV-shaped GEMM (y [m, n] = x [m, k] @ W^T), timed the same way.
+Row bench_cublas(int64_t n, int64_t k, int m, std::mt19937_64& rng) {
+  const uint64_t bytes = static_cast<uint64_t>(n * k) * 2;
+  const int copies = static_cast<int>(std::clamp<uint64_t>(kRotationBytes / bytes + 1, 2, kLaunches));
+  std::vector<uint16_t> w(static_cast<size_t>(n * k));
+  std::normal_distribution<float> nd(0.0f, 0.02f);
+  for (auto& v : w) v = to_bf16(nd(rng));
+  std::vector<lc::DeviceBuffer> ws;
+  for (int i = 0; i < copies; ++i) {
+    ws.emplace_back(bytes);
+    ws.back().upload(w.data(), bytes);
+  }
+  std::vector<uint16_t> x(static_cast<size_t>(m * k));
+  for (auto& v : x) v = to_bf16(nd(rng));
+  lc::DeviceBuffer dx(x.size() * 2), dy(static_cast<size_t>(m * n) * 2);
+  dx.upload(x.data(), dx.size());
+  cublasHandle_t h;
+  if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) lowbit::fail(lowbit::Errc::internal, "[bench_cuda] cublasCreate");
+  const float one = 1.0f, zero = 0.0f;
+  const double us = time_graph([&](int i, cudaStream_t s) {
+    cublasSetStream(h, s);
+    // Column-major: y^T [n, m] = W [n, k] (row-major = col-major W^T [k, n], so op T) @ x^T [k, m].
+    cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), m, static_cast<int>(k), &one,
+                 ws[i % copies].data(), CUDA_R_16BF, static_cast<int>(k), dx.data(), CUDA_R_16BF,
+                 static_cast<int>(k), &zero, dy.data(), CUDA_R_16BF, static_cast<int>(n), CUBLAS_COMPUTE_32F,
+                 CUBLAS_GEMM_DEFAULT);
+  });
+  cublasDestroy(h);
+  return {"cublas_bf16", n, k, m, us, bytes / us / 1e3, 16.0};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string json_path;
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
+    else if (!std::strcmp(argv[i], "--quick")) quick = true;
+  }
+  std::string why;
+  if (!lc::device_available(&why)) {
+    std::fprintf(stderr, "bench_cuda: no usable CUDA device (%s); nothing to measure\n", why.c_str());
+    return 0;
+  }
+  try {
+    std::fprintf(stderr, "bench_cuda: %s\n", lc::device_summary().c_str());
+    std::mt19937_64 rng(7);
+    const std::vector<std::pair<int64_t, int64_t>> shapes =
+        quick ? std::vector<std::pair<int64_t, int64_t>>{{4096, 4096}}
+              : std::vector<std::pair<int64_t, int64_t>>{{4096, 4096},  {14336, 4096}, {4096, 14336},
+                                                         {28672, 8192}, {8192, 28672}, {128256, 4096}};
+    auto aff = [](int bits, int group) {
+      return Case{fmt::format("affine{}_g{}", bits, group), "affine",
+                  {{"bits", bits}, {"group_size", group}, {"scale_dtype", "bf16"}}};
+    };
+    auto trellis = [](int k, const char* code) {
+      return Case{fmt::format("trellis{}_{}", k, code), "trellis",
+                  {{"L", 16}, {"k", k}, {"code", code}, {"rotate", "none"}}};
+    };
+    const std::vector<Case> cases = {{"dense_bf16", "dense", {{"dtype", "bf16"}}},
+                                     aff(4, 128), aff(8, 128), aff(4, 64), aff(3, 64), aff(2, 64),
+                                     trellis(2, "1mad"), trellis(3, "1mad"), trellis(2, "3inst")};
+    std::vector<Row> rows;
+    auto add = [&](const Row& r) {
+      rows.push_back(r);
+      std::printf("%-14s [%6lld x %6lld] m=%-2d %8.2f us %7.0f GB/s  %5.2f bits/w\n", r.codec.c_str(),
+                  static_cast<long long>(r.n), static_cast<long long>(r.k), r.m, r.us, r.gbps, r.bits);
+      std::fflush(stdout);
+    };
+    for (const auto& [n, k] : shapes) {
+      add(bench_cublas(n, k, 1, rng));
+      for (const Case& c : cases) add(bench_codec(c, n, k, 1, rng));
+    }
+    // Small batches: time per call relative to batch 1 decides how well batching pays.
+    const std::vector<int> batches = quick ? std::vector<int>{2, 16} : std::vector<int>{2, 4, 8, 16};
+    for (int m : batches) {
+      add(bench_cublas(14336, 4096, m, rng));
+      add(bench_codec(cases[0], 14336, 4096, m, rng));
+      add(bench_codec(cases[1], 14336, 4096, m, rng));
+      add(bench_codec(cases[6], 14336, 4096, m, rng));
+    }
+    if (!json_path.empty()) {
+      FILE* f = std::fopen(json_path.c_str(), "w");
+      if (!f) lowbit::fail(lowbit::Errc::io, "[bench_cuda] cannot write {}", json_path);
+      std::fprintf(f, "{\"device\": \"%s\", \"rows\": [\n", lc::device_summary().c_str());
+      for (size_t i = 0; i < rows.size(); ++i)
+        std::fprintf(f, "  {\"codec\": \"%s\", \"N\": %lld, \"K\": %lld, \"m\": %d, \"us\": %.3f, \"GBps\": %.1f, \"bits\": %.3f}%s\n",
+                     rows[i].codec.c_str(), static_cast<long long>(rows[i].n), static_cast<long long>(rows[i].k),
+                     rows[i].m, rows[i].us, rows[i].gbps, rows[i].bits, i + 1 < rows.size() ? "," : "");
+      std::fprintf(f, "]}\n");
+      std::fclose(f);
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_cuda: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

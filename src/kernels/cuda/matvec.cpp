@@ -1,0 +1,53 @@
+// Checked entry points of the matvec kernels (affine, dense, trellis): the batch and layout checks the unchecked launchers rely on.
+#include "kernels/cuda/matvec.h"
+#include "kernels/cuda/trellis.h"
+
+#include "lowbit/core/error.h"
+#include "lowbit/kernels/cuda.h"
+
+namespace lowbit::kernels::cuda {
+
+namespace {
+// The compiled batch width that serves m rows.
+int batch_width(int m, int64_t rows) {
+  if (m < 1 || m > kMaxBatch) fail(Errc::limit, "[cuda matmul] batch {} outside [1, {}]", m, kMaxBatch);
+  if (rows >= (int64_t{1} << 31)) fail(Errc::limit, "[cuda matmul] {} rows exceed the grid", rows);
+  int width = 1;
+  while (width < m) width *= 2;
+  return width;
+}
+}  // namespace
+
+void affine_matmul(const AffineDevice& w, const float* x, int m, float* y, Stream s) {
+  const bool bits_ok = w.bits == 2 || w.bits == 3 || w.bits == 4 || w.bits == 8;
+  const bool group_ok = w.group >= 32 && (w.group & (w.group - 1)) == 0;
+  if (!bits_ok || !group_ok || w.kpad % kChunkWeights != 0 || w.kpad % w.group != 0 || w.kpad < w.cols)
+    fail(Errc::unsupported, "[cuda affine] {} bits, group {}, padded width {} has no kernel", w.bits, w.group, w.kpad);
+  launch_affine_kernel(w, x, m, batch_width(m, w.rows), y, s);
+  check_last_error("cuda affine matmul");
+}
+
+void dense_matmul(const DenseDevice& w, const float* x, int m, float* y, Stream s) {
+  if (w.kpad % kChunkWeights != 0 || w.kpad < w.cols)
+    fail(Errc::unsupported, "[cuda dense] padded width {} has no kernel", w.kpad);
+  launch_dense_kernel(w, x, m, batch_width(m, w.rows), y, s);
+  check_last_error("cuda dense matmul");
+}
+
+void coalesced_matmul(const CoalescedDevice& w, const float* x, int m, float* y, Stream s) {
+  const bool bits_ok = w.bits == 2 || w.bits == 4 || w.bits == 8 || (w.bits == 16 && w.group == 0);
+  const bool group_ok = w.bits == 16 || (w.group >= 32 && (w.group & (w.group - 1)) == 0 && w.kpad % w.group == 0);
+  if (!bits_ok || !group_ok || w.kpad % coalesced_step_cols(w.bits) != 0 || w.kpad < w.cols)
+    fail(Errc::unsupported, "[cuda coalesced] {} bits, group {}, padded width {} has no kernel", w.bits, w.group, w.kpad);
+  launch_coalesced_kernel(w, x, m, batch_width(m, w.rows), y, s);
+  check_last_error("cuda coalesced matmul");
+}
+
+void trellis_matmul(const TrellisDevice& w, const float* x, int m, float* y, Stream s) {
+  if ((w.k != 2 && w.k != 3) || w.L < 8 || w.L > 16 || w.padded_rows % 16 != 0 || w.chunks * 64 < w.cols)
+    fail(Errc::unsupported, "[cuda trellis] k {}, L {} has no kernel", w.k, w.L);
+  launch_trellis_kernel(w, x, m, batch_width(m, w.padded_rows), y, s);
+  check_last_error("cuda trellis matmul");
+}
+
+}  // namespace lowbit::kernels::cuda

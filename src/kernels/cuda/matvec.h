@@ -1,0 +1,72 @@
+// Launchers of the decode matvec kernels (batch 1..kMaxBatch), in device layouts (docs/CUDA.md). Plain C++
+// with no lowbit includes, so that nvcc's front end only ever sees this header: matvec.cu implements the
+// *_kernel launchers (no checks), matvec.cpp the checked entry points the .cpp adapters call.
+#pragma once
+
+#include <cstdint>
+
+struct CUstream_st;
+
+namespace lowbit::kernels::cuda {
+
+// Weights a lane decodes per step; device rows of codes are padded to a multiple of it.
+inline constexpr int kChunkWeights = 64;
+
+enum class MetaType : uint8_t { bf16, f16, f32 };
+
+// Affine codes: w = scale * q + bias per group of `group` inputs.
+//  codes: [rows, kpad * bits / 32] u32, each row a little-endian LSB-first bit stream (as stored on disk),
+//         kpad = cols rounded up to a multiple of kChunkWeights (zero codes beyond the stored padding);
+//  meta:  [rows, kpad / group] pairs (scale, bias): one u32 (scale in the low half) for bf16/f16, or two
+//         f32 words, so that one load fetches both.
+struct AffineDevice {
+  const uint32_t* codes = nullptr;
+  const uint32_t* meta = nullptr;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  int64_t kpad = 0;
+  int bits = 4;    // 2, 3, 4 or 8
+  int group = 64;  // 32, 64, 128, 256, ... (a power of two >= 32)
+  MetaType meta_type = MetaType::bf16;
+};
+
+// Dense weights [rows, cols] row-major, rows padded to a multiple of kChunkWeights with zeros.
+struct DenseDevice {
+  const void* data = nullptr;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  int64_t kpad = 0;
+  MetaType type = MetaType::bf16;  // element type: bf16, f16 or f32
+};
+
+// Coalesced layout (coalesced.cu) for affine 2/4/8 bits (bits = the width, group > 0, meta as AffineDevice)
+// and dense bf16 (bits = 16, group = 0, no meta). Per row, steps of 128 * (32 / bits) columns; in step s, lane l
+// owns columns {s * 128 * T + 128 t + 4 l + u : t < T = 32 / bits, u < 4} and stores their codes in 16 bytes at
+// byte (s * 32 + l) * 16 of the row, weight 4 t + u at bit (4 t + u) * bits (LSB-first). kpad = cols rounded up
+// to a whole step; codes past cols are zero.
+struct CoalescedDevice {
+  const void* codes = nullptr;
+  const uint32_t* meta = nullptr;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  int64_t kpad = 0;
+  int bits = 4;   // 2, 4, 8, or 16 for dense bf16
+  int group = 0;  // affine group size (a power of two >= 32), 0 for dense
+  MetaType meta_type = MetaType::bf16;
+};
+
+// Columns of one coalesced step for a bit width.
+inline int64_t coalesced_step_cols(int bits) { return 128 * (32 / bits); }
+
+// y [m, rows] = x [m, cols] @ W^T, f32. Checks the batch (1 <= m <= kMaxBatch) and the layout, launches on
+// `stream`, and reports a failed launch as Errc::internal.
+void affine_matmul(const AffineDevice& w, const float* x, int m, float* y, CUstream_st* stream);
+void dense_matmul(const DenseDevice& w, const float* x, int m, float* y, CUstream_st* stream);
+void coalesced_matmul(const CoalescedDevice& w, const float* x, int m, float* y, CUstream_st* stream);
+
+// Unchecked launches (matvec.cu); `batch` is the compiled batch width >= m (1, 2, 4, 8 or 16).
+void launch_affine_kernel(const AffineDevice& w, const float* x, int m, int batch, float* y, CUstream_st* stream);
+void launch_dense_kernel(const DenseDevice& w, const float* x, int m, int batch, float* y, CUstream_st* stream);
+void launch_coalesced_kernel(const CoalescedDevice& w, const float* x, int m, int batch, float* y, CUstream_st* stream);
+
+}  // namespace lowbit::kernels::cuda

@@ -1,0 +1,29 @@
+// The dense matvec kernels and the launchers' dispatch by element type and bit width.
+#include "kernels/cuda/matvec.cuh"
+
+namespace lowbit::kernels::cuda {
+
+extern template void launch_affine_bits<2>(const AffineDevice&, const float*, int, int, float*, CUstream_st*);
+extern template void launch_affine_bits<3>(const AffineDevice&, const float*, int, int, float*, CUstream_st*);
+extern template void launch_affine_bits<4>(const AffineDevice&, const float*, int, int, float*, CUstream_st*);
+extern template void launch_affine_bits<8>(const AffineDevice&, const float*, int, int, float*, CUstream_st*);
+
+void launch_affine_kernel(const AffineDevice& w, const float* x, int m, int batch, float* y, CUstream_st* s) {
+  switch (w.bits) {
+    case 2: return launch_affine_bits<2>(w, x, m, batch, y, s);
+    case 3: return launch_affine_bits<3>(w, x, m, batch, y, s);
+    case 4: return launch_affine_bits<4>(w, x, m, batch, y, s);
+    default: return launch_affine_bits<8>(w, x, m, batch, y, s);
+  }
+}
+
+void launch_dense_kernel(const DenseDevice& w, const float* x, int m, int batch, float* y, CUstream_st* s) {
+  const auto* data = static_cast<const uint32_t*>(w.data);
+  switch (w.type) {
+    case MetaType::bf16: return launch<Dense<MetaType::bf16>>({data, w.kpad / 2}, w.rows, w.cols, x, m, batch, y, s);
+    case MetaType::f16: return launch<Dense<MetaType::f16>>({data, w.kpad / 2}, w.rows, w.cols, x, m, batch, y, s);
+    case MetaType::f32: return launch<Dense<MetaType::f32>>({data, w.kpad}, w.rows, w.cols, x, m, batch, y, s);
+  }
+}
+
+}  // namespace lowbit::kernels::cuda

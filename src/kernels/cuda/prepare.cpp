@@ -1,0 +1,245 @@
+// The CUDA kernel table, keyed by codec id, and the adapters that upload a stored tensor in its device layout
+// (docs/CUDA.md): rows padded to whole 64-weight chunks, affine scales and biases interleaved so that one load
+// fetches both. Everything else stays as the artifact stores it.
+#include <array>
+#include <cstring>
+#include <vector>
+
+#include "kernels/cuda/matvec.h"
+#include "kernels/cuda/trellis.h"
+#include "lowbit/codec/affine.h"
+#include "lowbit/codec/dense.h"
+#include "lowbit/codec/trellis.h"
+#include "lowbit/core/checked.h"
+#include "lowbit/core/error.h"
+#include "lowbit/kernels/cuda.h"
+
+namespace lowbit::kernels::cuda {
+
+namespace {
+
+int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
+
+// rows x src_row bytes -> rows x dst_row bytes (dst_row >= src_row), zero-filled past each source row.
+DeviceBuffer upload_padded_rows(std::span<const std::byte> src, int64_t rows, size_t src_row, size_t dst_row) {
+  DeviceBuffer out(checked_mul(static_cast<uint64_t>(rows), dst_row, "[prepare_cuda] padded rows"));
+  if (src_row == dst_row) {
+    out.upload(src.data(), out.size());
+    return out;
+  }
+  std::vector<std::byte> staged(out.size());
+  for (int64_t r = 0; r < rows; ++r)
+    std::memcpy(staged.data() + r * dst_row, src.data() + r * src_row, src_row);
+  out.upload(staged.data(), staged.size());
+  return out;
+}
+
+// Where column `col` of a row sits in the coalesced layout (matvec.h), counted in codes of `bits` bits.
+int64_t coalesced_index(int64_t col, int bits) {
+  const int64_t step_cols = coalesced_step_cols(bits);
+  const int64_t step = col / step_cols, rem = col % step_cols;
+  const int64_t t = rem / 128, lane = (rem % 128) / 4, u = rem % 4;
+  return (step * 32 + lane) * (128 / bits) + t * 4 + u;
+}
+
+MetaType meta_type(DType t) {
+  switch (t) {
+    case DType::BF16: return MetaType::bf16;
+    case DType::F16: return MetaType::f16;
+    case DType::F32: return MetaType::f32;
+    default: fail(Errc::unsupported, "[prepare_cuda] element type {} has no CUDA kernel", dtype_name(t));
+  }
+}
+
+class DenseLinear final : public CudaLinear {
+ public:
+  explicit DenseLinear(const codec::TensorRef& t) {
+    const TensorView& data = t.arrays.at("data");
+    const auto [rows, cols] = codec::matrix_dims(t.shape);
+    bytes_ = data.bytes.size();
+    if (data.dtype == DType::BF16) {
+      upload_coalesced(data, rows, cols);
+      return;
+    }
+    w_ = {nullptr, rows, cols, round_up(cols, kChunkWeights), meta_type(data.dtype)};
+    const size_t elem = dtype_size(data.dtype);
+    buffer_ = upload_padded_rows(data.bytes, rows, cols * elem, w_.kpad * elem);
+    w_.data = buffer_.data();
+  }
+  int64_t rows() const override { return coalesced_ ? cw_.rows : w_.rows; }
+  int64_t cols() const override { return coalesced_ ? cw_.cols : w_.cols; }
+  void matmul(const float* x, int m, float* y, Stream s) const override {
+    if (coalesced_) return coalesced_matmul(cw_, x, m, y, s);
+    dense_matmul(w_, x, m, y, s);
+  }
+  uint64_t weight_bytes() const override { return bytes_; }
+
+ private:
+  void upload_coalesced(const TensorView& data, int64_t rows, int64_t cols) {
+    coalesced_ = true;
+    cw_ = {nullptr, nullptr, rows, cols, round_up(cols, coalesced_step_cols(16)), 16, 0, MetaType::bf16};
+    std::vector<uint16_t> staged(checked_mul(static_cast<uint64_t>(rows), static_cast<uint64_t>(cw_.kpad), "[prepare_cuda] dense"));
+    const auto* src = data.as<uint16_t>();
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) staged[r * cw_.kpad + coalesced_index(c, 16)] = src[r * cols + c];
+    buffer_ = DeviceBuffer(staged.size() * sizeof(uint16_t));
+    buffer_.upload(staged.data(), buffer_.size());
+    cw_.codes = buffer_.data();
+  }
+
+  bool coalesced_ = false;
+  DenseDevice w_;
+  CoalescedDevice cw_;
+  DeviceBuffer buffer_;
+  uint64_t bytes_ = 0;
+};
+
+class AffineLinear final : public CudaLinear {
+ public:
+  explicit AffineLinear(const codec::TensorRef& t) {
+    const codec::affine::Layout l = codec::affine::layout(t.params, t.shape);
+    if (l.bits != 2 && l.bits != 3 && l.bits != 4 && l.bits != 8)
+      fail(Errc::unsupported, "[prepare_cuda] affine with {} bits has no CUDA kernel", l.bits);
+    coalesced_ = l.bits == 8;
+    w_.rows = l.rows;
+    w_.cols = l.cols;
+    w_.kpad = round_up(l.padded_cols, coalesced_ ? coalesced_step_cols(l.bits) : kChunkWeights);
+    w_.bits = l.bits;
+    w_.group = static_cast<int>(l.group_size);
+    w_.meta_type = meta_type(l.scale_dtype);
+    const TensorView& codes = t.arrays.at("codes");
+    if (coalesced_) {
+      upload_coalesced_codes(l, codes);
+    } else {
+      codes_ = upload_padded_rows(codes.bytes, l.rows, l.words_per_row() * 4, w_.kpad * l.bits / 8);
+    }
+    upload_meta(l, t.arrays.at("scales"), t.arrays.at("biases"));
+    w_.codes = codes_.as<const uint32_t>();
+    w_.meta = meta_.as<const uint32_t>();
+    bytes_ = codes.bytes.size() + t.arrays.at("scales").bytes.size() + t.arrays.at("biases").bytes.size();
+  }
+  int64_t rows() const override { return w_.rows; }
+  int64_t cols() const override { return w_.cols; }
+  void matmul(const float* x, int m, float* y, Stream s) const override {
+    if (coalesced_)
+      return coalesced_matmul({w_.codes, w_.meta, w_.rows, w_.cols, w_.kpad, w_.bits, w_.group, w_.meta_type}, x, m, y, s);
+    affine_matmul(w_, x, m, y, s);
+  }
+  uint64_t weight_bytes() const override { return bytes_; }
+
+ private:
+  void upload_coalesced_codes(const codec::affine::Layout& l, const TensorView& codes) {
+    const int64_t device_words = w_.kpad * l.bits / 32;
+    std::vector<uint32_t> staged(checked_mul(static_cast<uint64_t>(l.rows), static_cast<uint64_t>(device_words), "[prepare_cuda] codes"));
+    for (int64_t r = 0; r < l.rows; ++r) {
+      const uint32_t* src = codes.as<uint32_t>() + r * l.words_per_row();
+      uint32_t* dst = staged.data() + r * device_words;
+      for (int64_t c = 0; c < l.cols; ++c)
+        codec::affine::write_code(dst, coalesced_index(c, l.bits), l.bits, codec::affine::read_code(src, c, l.bits));
+    }
+    codes_ = DeviceBuffer(staged.size() * sizeof(uint32_t));
+    codes_.upload(staged.data(), codes_.size());
+  }
+
+  // meta [rows, kpad / group] (scale, bias) pairs; groups past the stored padding stay zero.
+  void upload_meta(const codec::affine::Layout& l, const TensorView& scales, const TensorView& biases) {
+    const int64_t groups = l.groups_per_row(), device_groups = w_.kpad / w_.group;
+    const size_t elem = dtype_size(l.scale_dtype);
+    std::vector<std::byte> staged(checked_mul(static_cast<uint64_t>(l.rows * device_groups), 2 * elem, "[prepare_cuda] meta"));
+    for (int64_t r = 0; r < l.rows; ++r)
+      for (int64_t g = 0; g < groups; ++g) {
+        std::byte* dst = staged.data() + (r * device_groups + g) * 2 * elem;
+        std::memcpy(dst, scales.bytes.data() + (r * groups + g) * elem, elem);
+        std::memcpy(dst + elem, biases.bytes.data() + (r * groups + g) * elem, elem);
+      }
+    meta_ = DeviceBuffer(staged.size());
+    meta_.upload(staged.data(), staged.size());
+  }
+
+  // 8 bits use the coalesced layout; 2/3/4 the row-chunk one, measured faster for them (docs/PERFORMANCE.md,
+  // run 3: the coalesced kernel's per-4-weight scale handling costs more than it saves below 8 bits).
+  bool coalesced_ = false;
+  AffineDevice w_;
+  DeviceBuffer codes_, meta_;
+  uint64_t bytes_ = 0;
+};
+
+class TrellisLinear final : public CudaLinear {
+ public:
+  explicit TrellisLinear(const codec::TensorRef& t) {
+    namespace tr = codec::trellis;
+    const tr::Layout l = tr::parse_layout(t.params, t.shape);
+    if (l.rotate_input || l.rotate_output)
+      fail(Errc::unsupported, "[prepare_cuda] trellis with Hadamard rotation has no CUDA kernel yet");
+    if ((l.k != 2 && l.k != 3) || l.L < 8)
+      fail(Errc::unsupported, "[prepare_cuda] trellis k {} L {} has no CUDA kernel", l.k, l.L);
+    w_.rows = l.rows;
+    w_.cols = l.cols;
+    w_.padded_rows = l.padded_rows;
+    w_.chunks = (l.col_tiles() + 3) / 4;
+    w_.k = l.k;
+    w_.L = l.L;
+    w_.mad1 = l.code == tr::Code::mad1;
+    upload_codes(l, t.arrays.at("codes"));
+    upload_scales(l, t.arrays.at("scales"));
+    bytes_ = t.arrays.at("codes").bytes.size() + t.arrays.at("scales").bytes.size();
+  }
+  int64_t rows() const override { return w_.rows; }
+  int64_t cols() const override { return w_.cols; }
+  void matmul(const float* x, int m, float* y, Stream s) const override { trellis_matmul(w_, x, m, y, s); }
+  uint64_t weight_bytes() const override { return bytes_; }
+
+ private:
+  // [row_tiles, col_tiles, 16 k] u16 -> [row_tiles][chunks][16 rows][4 tiles][k] u16 (trellis.h).
+  void upload_codes(const codec::trellis::Layout& l, const TensorView& codes) {
+    const int k = l.k, words = l.words_per_tile();
+    std::vector<uint16_t> staged(checked_mul(static_cast<uint64_t>(l.row_tiles() * w_.chunks), 16 * 4 * k, "[prepare_cuda] trellis"));
+    const auto* src = codes.as<uint16_t>();
+    for (int64_t rt = 0; rt < l.row_tiles(); ++rt)
+      for (int64_t ct = 0; ct < l.col_tiles(); ++ct)
+        for (int r = 0; r < 16; ++r)
+          std::memcpy(&staged[(((rt * w_.chunks + ct / 4) * 16 + r) * 4 + ct % 4) * k],
+                      src + (rt * l.col_tiles() + ct) * words + r * k, sizeof(uint16_t) * k);
+    codes_ = DeviceBuffer(staged.size() * sizeof(uint16_t));
+    codes_.upload(staged.data(), codes_.size());
+    w_.codes = codes_.as<const uint32_t>();
+  }
+  void upload_scales(const codec::trellis::Layout& l, const TensorView& scales) {
+    std::vector<float> staged(static_cast<size_t>(l.padded_rows));
+    for (int64_t r = 0; r < l.padded_rows; ++r)
+      staged[r] = load_float(DType::F16, scales.bytes.data(), static_cast<size_t>(l.per_row_scale ? r : 0));
+    scales_ = DeviceBuffer(staged.size() * sizeof(float));
+    scales_.upload(staged.data(), scales_.size());
+    w_.scales = scales_.as<const float>();
+  }
+
+  TrellisDevice w_;
+  DeviceBuffer codes_, scales_;
+  uint64_t bytes_ = 0;
+};
+
+template <class T>
+std::unique_ptr<CudaLinear> make(const codec::TensorRef& t) {
+  return std::make_unique<T>(t);
+}
+
+struct CudaKernelEntry {
+  std::string_view codec_id;
+  std::unique_ptr<CudaLinear> (*prepare)(const codec::TensorRef& tensor);
+};
+
+constexpr std::array kCudaKernels{
+    CudaKernelEntry{"dense", make<DenseLinear>},
+    CudaKernelEntry{"affine", make<AffineLinear>},
+    CudaKernelEntry{"trellis", make<TrellisLinear>},
+};
+
+}  // namespace
+
+std::unique_ptr<CudaLinear> prepare_cuda(const codec::TensorRef& tensor) {
+  for (const auto& entry : kCudaKernels)
+    if (entry.codec_id == tensor.codec->id) return entry.prepare(tensor);
+  fail(Errc::unsupported, "[prepare_cuda] no CUDA kernel for codec '{}'", tensor.codec->id);
+}
+
+}  // namespace lowbit::kernels::cuda
