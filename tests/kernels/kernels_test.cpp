@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include <hwy/targets.h>
+
 #include "kernels/cpu/simd.h"
 #include "lowbit/codec/codec.h"
 #include "lowbit/core/error.h"
@@ -146,9 +148,7 @@ TEST(KernelRegistry, CodecsHaveExamples) {
         << "codec '" << c.id << "' has no example params in tests/kernels/kernels_test.cpp";
 }
 
-TEST(Kernels, EveryCodecMatchesFp64ReferenceOfItsDecoder) {
-  ThreadPool pool(3);
-  std::mt19937 rng(1234);
+void expect_every_codec_matches(ThreadPool& pool, std::mt19937& rng) {
   for (const codec::Codec& c : codec::all_codecs()) {
     const auto it = examples().find(std::string(c.id));
     if (it == examples().end()) continue;  // reported by CodecsHaveExamples
@@ -164,6 +164,17 @@ TEST(Kernels, EveryCodecMatchesFp64ReferenceOfItsDecoder) {
           expect_gather_matches(*kernel, e.ref, rng, what);
         }
   }
+}
+
+// On every Highway target this CPU runs (AVX-512, AVX2, SSE4, ...), not only the one dispatch picks.
+TEST(Kernels, EveryCodecMatchesFp64ReferenceOfItsDecoder) {
+  ThreadPool pool(3);
+  std::mt19937 rng(1234);
+  for (const int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    expect_every_codec_matches(pool, rng);
+  }
+  hwy::SetSupportedTargetsForTest(0);
 }
 
 TEST(Kernels, LargeBatchCrossesTileAndChunkBoundaries) {
