@@ -58,6 +58,19 @@ std::vector<double> inverse_hessian_factor(std::vector<double> h, int64_t n) {
 
 }  // namespace
 
+std::vector<double> damped_inverse_factor(std::vector<double> hd, int64_t n, double damp) {
+  // Inputs no calibration token reached carry no information: pin them so H stays definite.
+  double mean_diag = 0;
+  for (int64_t i = 0; i < n; ++i) mean_diag += hd[i * n + i];
+  mean_diag /= static_cast<double>(n);
+  if (!(mean_diag > 0)) mean_diag = 1.0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (hd[i * n + i] == 0) hd[i * n + i] = mean_diag;
+    hd[i * n + i] += damp * mean_diag;
+  }
+  return inverse_hessian_factor(std::move(hd), n);
+}
+
 void Hessian::add(const float* x, int64_t tokens, int64_t stride) {
   if (h.empty()) h.assign(static_cast<size_t>(dim * dim), 0.0);
   // Partial sums over chunks of tokens in f32 (a vectorizable inner loop), folded into the f64 total per chunk
@@ -115,17 +128,7 @@ RoundingResult gptq_quantize(const codec::Codec& codec, const codec::Params& par
   if (h.dim != cols) fail(Errc::shape, "[gptq] Hessian is {} wide, weight has {} columns", h.dim, cols);
 
   std::vector<float> w(w_in, w_in + rows * cols);
-  std::vector<double> hd = h.h;
-  // Columns no calibration token reached carry no information: pin them so H stays definite.
-  double mean_diag = 0;
-  for (int64_t i = 0; i < cols; ++i) mean_diag += hd[i * cols + i];
-  mean_diag /= static_cast<double>(cols);
-  if (!(mean_diag > 0)) mean_diag = 1.0;
-  for (int64_t i = 0; i < cols; ++i) {
-    if (hd[i * cols + i] == 0) hd[i * cols + i] = mean_diag;
-    hd[i * cols + i] += options.damp * mean_diag;
-  }
-  const std::vector<double> u = inverse_hessian_factor(std::move(hd), cols);
+  const std::vector<double> u = damped_inverse_factor(h.h, cols, options.damp);
 
   RoundingResult result;
   codec::EncodedTensor rtn = codec.encode(params, shape, w_in, options.encode);

@@ -14,6 +14,7 @@
 #include "lowbit/kernels/cpu.h"
 #include "lowbit/model/model.h"
 #include "lowbit/quant/allocate.h"
+#include "lowbit/quant/block_ldlq.h"
 #include "lowbit/quant/calibration.h"
 #include "lowbit/quant/fold.h"
 #include "lowbit/quant/gptq.h"
@@ -119,11 +120,13 @@ class Quantizer {
     if (choice.codec == "dense") {
       r.method = "dense";
       enc = codec.encode(choice.params, t.ref.shape, w.data(), eo);
-    } else if (h && h->dim > 0 && codec.quantize_column) {
+    } else if (h && h->dim > 0 && (codec.quantize_column || choice.codec == "trellis")) {
       GptqOptions go;
       go.encode = eo;
-      RoundingResult rr = gptq_quantize(codec, choice.params, t.ref.shape, w.data(), *h, go);
-      r.method = rr.guard_tripped ? "rtn" : "gptq";
+      const bool trellis = choice.codec == "trellis";
+      RoundingResult rr = trellis ? block_ldlq_quantize(choice.params, t.ref.shape, w.data(), *h, go)
+                                  : gptq_quantize(codec, choice.params, t.ref.shape, w.data(), *h, go);
+      r.method = rr.guard_tripped ? "rtn" : (trellis ? "block_ldlq" : "gptq");
       r.loss = rr.loss;
       r.rtn_loss = rr.rtn_loss;
       r.guard_tripped = rr.guard_tripped;

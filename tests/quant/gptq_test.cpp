@@ -4,6 +4,7 @@
 #include <random>
 
 #include "lowbit/codec/dense.h"
+#include "lowbit/quant/block_ldlq.h"
 #include "lowbit/quant/gptq.h"
 
 namespace lowbit::quant {
@@ -119,6 +120,23 @@ TEST(Gptq, DeadColumnsAreHandled) {
   const RoundingResult r = gptq_quantize(kGrid, {}, p.shape, p.w.data(), p.h, GptqOptions{});
   EXPECT_TRUE(std::isfinite(r.loss));
   EXPECT_LE(r.loss, r.rtn_loss);
+}
+
+}  // namespace
+}  // namespace lowbit::quant
+
+namespace lowbit::quant {
+namespace {
+
+TEST(BlockLdlq, FeedsTileErrorsForwardAndBeatsPlainTrellis) {
+  const Problem p = make_problem(32, 64, 21);
+  const codec::Params params{{"L", 8}, {"k", 2}, {"code", "1mad"}};
+  const RoundingResult r = block_ldlq_quantize(params, p.shape, p.w.data(), p.h, GptqOptions{});
+  EXPECT_FALSE(r.guard_tripped);
+  EXPECT_LT(r.loss, 0.9 * r.rtn_loss) << "BlockLDLQ " << r.loss << " vs plain " << r.rtn_loss;
+  const codec::Codec& trellis = codec::codec_or_throw("trellis", "test");
+  const auto q = codec::decode_all({&trellis, r.tensor.params, p.shape, r.tensor.views()});
+  EXPECT_NEAR(hessian_loss(p.w, q, 32, p.h), r.loss, 1e-6 * r.loss);
 }
 
 }  // namespace

@@ -59,28 +59,43 @@ struct EncodeOptions {
   ThreadPool* pool = nullptr;
 };
 
+// One row of the registry. The constructor takes every required function, so a row that misses one does not
+// compile; quantize_column is the only optional piece.
 struct Codec {
+  using ValidateFn = void (*)(const Params& params, const Shape& shape);
+  using ArraysFn = std::vector<ArraySpec> (*)(const Params& params, const Shape& shape);
+  using CheckContentFn = void (*)(const Params& params, const Shape& shape, const ArrayViews& arrays);
+  using DecodeRowsFn = void (*)(const Params& params, const Shape& shape, const ArrayViews& arrays,
+                                int64_t row_begin, int64_t row_end, float* out);
+  using EncodeFn = EncodedTensor (*)(const Params& params, const Shape& shape, const float* weights,
+                                     const EncodeOptions& options);
+  using QuantizeColumnFn = void (*)(const Params& params, const Shape& shape, EncodedTensor& tensor, int64_t col,
+                                    const float* values, float* out);
+
+  constexpr Codec(std::string_view id_, std::string_view summary_, ValidateFn validate_, ArraysFn arrays_,
+                  CheckContentFn check_content_, DecodeRowsFn decode_rows_, EncodeFn encode_,
+                  QuantizeColumnFn quantize_column_ = nullptr)
+      : id(id_), summary(summary_), validate(validate_), arrays(arrays_), check_content(check_content_),
+        decode_rows(decode_rows_), encode(encode_), quantize_column(quantize_column_) {}
+
   std::string_view id;
   std::string_view summary;
   // Throws Errc::codec_params for parameters outside the allowed set, Errc::shape for an unusable shape.
-  void (*validate)(const Params& params, const Shape& shape);
+  ValidateFn validate;
   // The arrays stored for a tensor with these (validated) params and logical shape.
-  std::vector<ArraySpec> (*arrays)(const Params& params, const Shape& shape);
+  ArraysFn arrays;
   // Throws Errc::reserved_code / Errc::non_finite for content the codec forbids. Arrays match arrays().
-  void (*check_content)(const Params& params, const Shape& shape, const ArrayViews& arrays);
+  CheckContentFn check_content;
   // Decodes logical rows [row_begin, row_end) to fp32, row-major with the logical width.
-  void (*decode_rows)(const Params& params, const Shape& shape, const ArrayViews& arrays, int64_t row_begin,
-                      int64_t row_end, float* out);
+  DecodeRowsFn decode_rows;
   // Encodes a row-major fp32 tensor of the given logical shape.
-  EncodedTensor (*encode)(const Params& params, const Shape& shape, const float* weights,
-                          const EncodeOptions& options);
+  EncodeFn encode;
   // Optional; nullptr where a codec's grid is not fixed column by column (dense, trellis). Re-quantizes column
   // `col` of an encoded tensor onto the grid its stored parameters (scales, biases) already fix, writing the
   // codes in place and the dequantized values (one per row) to `out`. GPTQ/LDLQ's column-wise error feedback
   // runs through it: encode() chooses the grid, then every column is rounded after the earlier columns' error
   // has been fed forward.
-  void (*quantize_column)(const Params& params, const Shape& shape, EncodedTensor& tensor, int64_t col,
-                          const float* values, float* out) = nullptr;
+  QuantizeColumnFn quantize_column;
 };
 
 // A stored tensor: codec, parameters, logical shape and its arrays. What the kernels prepare from.

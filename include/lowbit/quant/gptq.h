@@ -32,6 +32,10 @@ struct RoundingResult {
   bool guard_tripped = false;  // Hessian-aware rounding came out worse and plain rounding was kept
 };
 
+// The upper Cholesky factor U of (H + damp * mean(diag H) * I)^-1 (n x n, row-major), with never-reached inputs
+// (zero diagonal) pinned to the mean: the matrix GPTQ's and LDLQ's error feedback runs through.
+std::vector<double> damped_inverse_factor(std::vector<double> h, int64_t n, double damp);
+
 // Hessian-weighted squared error of a reconstruction Q of W [rows, cols] under H.
 double hessian_loss(const std::vector<float>& w, const std::vector<float>& q, int64_t rows, const Hessian& h);
 

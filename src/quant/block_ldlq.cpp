@@ -1,0 +1,134 @@
+#include "lowbit/quant/block_ldlq.h"
+
+#include <algorithm>
+
+#include "lowbit/codec/hadamard.h"
+#include "lowbit/codec/trellis.h"
+#include "lowbit/core/error.h"
+#include "lowbit/core/thread_pool.h"
+
+namespace lowbit::quant {
+
+namespace {
+
+using codec::trellis::kBlock;
+using codec::trellis::kTileDim;
+
+// Rows of m [rows, n] <- R row (so m <- m R^T).
+void rotate_rows(std::vector<float>& m, int64_t n, const codec::hadamard::RandomizedHadamard& r) {
+  const auto rows = static_cast<int64_t>(m.size()) / n;
+  default_pool().parallel_for(static_cast<size_t>(rows), 8, [&](size_t b, size_t e) {
+    for (size_t i = b; i < e; ++i) r.forward(m.data() + i * n);
+  });
+}
+
+std::vector<float> transposed(const std::vector<float>& m, int64_t n) {
+  std::vector<float> t(m.size());
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < n; ++j) t[j * n + i] = m[i * n + j];
+  return t;
+}
+
+// X = inv(U_BB) U_B,later for the 16 columns of block b: the map from a block's scaled error to the update of
+// the later columns. U_BB is upper triangular, so back substitution per later column.
+std::vector<double> block_feedback(const std::vector<double>& u, int64_t n, int64_t b0, int64_t b1) {
+  const int64_t later = n - b1, bs = b1 - b0;
+  std::vector<double> x(static_cast<size_t>(bs * later));
+  for (int64_t j = 0; j < later; ++j)
+    for (int64_t i = bs - 1; i >= 0; --i) {
+      double s = u[(b0 + i) * n + b1 + j];
+      for (int64_t k = i + 1; k < bs; ++k) s -= u[(b0 + i) * n + b0 + k] * x[k * later + j];
+      x[i * later + j] = s / u[(b0 + i) * n + b0 + i];
+    }
+  return x;
+}
+
+}  // namespace
+
+RoundingResult block_ldlq_quantize(const codec::Params& params, const Shape& shape, const float* w_in,
+                                   const Hessian& h, const GptqOptions& options) {
+  const codec::Codec& codec = codec::codec_or_throw("trellis", "[block_ldlq]");
+  const int64_t rows = codec::matrix_dims(shape).first, cols = codec::matrix_dims(shape).second;
+  if (h.dim != cols) fail(Errc::shape, "[block_ldlq] Hessian is {} wide, weight has {} columns", h.dim, cols);
+
+  RoundingResult result;
+  result.tensor = codec.encode(params, shape, w_in, options.encode);
+  const std::vector<float> original(w_in, w_in + rows * cols);
+  const std::vector<float> rtn_q = codec::decode_all({&codec, result.tensor.params, shape, result.tensor.views()});
+  result.rtn_loss = result.loss = hessian_loss(original, rtn_q, rows, h);
+  const codec::trellis::Layout lay = codec::trellis::parse_layout(result.tensor.params, shape);
+  if (lay.rotate_output) return result;  // the feedback runs over inputs only; plain coding stays
+
+  // W' [pr, pc] and H' [pc, pc] in the stored (rotated, padded) domain.
+  const int64_t pr = lay.padded_rows, pc = lay.padded_cols;
+  std::vector<float> wp(static_cast<size_t>(pr * pc), 0.0f), hp(static_cast<size_t>(pc * pc), 0.0f);
+  for (int64_t r = 0; r < rows; ++r) std::copy_n(w_in + r * cols, cols, wp.begin() + r * pc);
+  for (int64_t i = 0; i < cols; ++i)
+    for (int64_t j = 0; j < cols; ++j) hp[i * pc + j] = static_cast<float>(h.h[i * cols + j]);
+  if (lay.rotate_input) {
+    const codec::hadamard::RandomizedHadamard rot(pc, lay.input_seed);
+    rotate_rows(wp, pc, rot);
+    rotate_rows(hp, pc, rot);  // H R^T
+    hp = transposed(hp, pc);   // R H (H symmetric)
+    rotate_rows(hp, pc, rot);  // R H R^T
+  }
+  const std::vector<double> u = damped_inverse_factor(std::vector<double>(hp.begin(), hp.end()), pc, options.damp);
+
+  codec::EncodedTensor ldlq = result.tensor;
+  auto* codes = ldlq.arrays[0].second.as<uint16_t>();
+  const TensorView scales = ldlq.views().at("scales");
+  std::vector<float> scale(static_cast<size_t>(pr));
+  for (int64_t r = 0; r < pr; ++r) scale[r] = load_float(DType::F16, scales.bytes.data(), lay.per_row_scale ? r : 0);
+
+  std::vector<float> err(static_cast<size_t>(pr * kTileDim));
+  for (int64_t bt = 0; bt < lay.col_tiles(); ++bt) {
+    const int64_t b0 = bt * kTileDim, b1 = b0 + kTileDim;
+    // Code block bt of every tile row from the error-fed weights.
+    default_pool().parallel_for(static_cast<size_t>(lay.row_tiles()), 1, [&](size_t t0, size_t t1) {
+      codec::trellis::BlockEncoder encoder(lay.code, lay.L, lay.k);
+      float target[kBlock], importance[kBlock], recon[kBlock];
+      for (size_t rt = t0; rt < t1; ++rt) {
+        const int64_t r0 = static_cast<int64_t>(rt) * kTileDim;
+        for (int i = 0; i < kBlock; ++i) {
+          const int64_t r = r0 + i / kTileDim, c = b0 + i % kTileDim;
+          const float s = scale[r];
+          target[i] = s != 0.0f ? wp[r * pc + c] / s : 0.0f;
+          importance[i] = r < rows ? static_cast<float>(hp[c * pc + c]) * s * s : 0.0f;
+        }
+        encoder.encode(target, importance, codes + (static_cast<int64_t>(rt) * lay.col_tiles() + bt) * lay.words_per_tile(),
+                       recon);
+        for (int i = 0; i < kBlock; ++i) {
+          const int64_t r = r0 + i / kTileDim, c = b0 + i % kTileDim;
+          err[r * kTileDim + (c - b0)] = wp[r * pc + c] - recon[i] * scale[r];
+        }
+      }
+    });
+    if (b1 >= pc) break;
+    // W'[:, b1:] -= E [pr, 16] @ inv(U_BB) U_B,later
+    const std::vector<double> x = block_feedback(u, pc, b0, b1);
+    const int64_t later = pc - b1;
+    default_pool().parallel_for(static_cast<size_t>(pr), 8, [&](size_t r0, size_t r1) {
+      for (size_t r = r0; r < r1; ++r) {
+        float* wr = wp.data() + r * pc + b1;
+        for (int64_t k = 0; k < kTileDim; ++k) {
+          const double e = err[r * kTileDim + k];
+          if (e == 0) continue;
+          const double* xk = x.data() + k * later;
+          for (int64_t j = 0; j < later; ++j) wr[j] -= static_cast<float>(e * xk[j]);
+        }
+      }
+    });
+  }
+
+  const std::vector<float> q = codec::decode_all({&codec, ldlq.params, shape, ldlq.views()});
+  const double loss = hessian_loss(original, q, rows, h);
+  if (loss <= result.rtn_loss) {
+    result.loss = loss;
+    result.tensor = std::move(ldlq);
+  } else {
+    result.guard_tripped = true;
+  }
+  return result;
+}
+
+}  // namespace lowbit::quant
