@@ -111,7 +111,9 @@ void print_table(const Artifact& a, const std::vector<TensorRow>& rows) {
 }
 
 void run(const Options& o) {
-  const Artifact a = Artifact::open(o.artifact, {.verify_hash = !o.no_verify_hash});
+  lowbit::artifact::ReadOptions options;
+  options.verify_hash = !o.no_verify_hash;
+  const Artifact a = Artifact::open(o.artifact, options);
   const auto rows = tensor_rows(a);
   if (o.json)
     fmt::print("{}\n", as_json(a, rows).dump(2));

@@ -15,7 +15,10 @@ struct Options {
 
 void run(const Options& o) {
   using namespace lowbit::artifact;
-  const Artifact a = Artifact::open(o.artifact, {.verify_hash = !o.no_verify_hash, .paranoid = o.paranoid});
+  ReadOptions options;
+  options.verify_hash = !o.no_verify_hash;
+  options.paranoid = o.paranoid;
+  const Artifact a = Artifact::open(o.artifact, options);
   std::printf("OK: %zu tensors, %zu files, %llu bytes\n", a.manifest().tensors.size(),
               a.manifest().files.size() + 1, static_cast<unsigned long long>(a.total_bytes()));
 }
