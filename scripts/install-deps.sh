@@ -8,7 +8,7 @@ packages=(
   nlohmann-json3-dev libssl-dev libcli11-dev libfmt-dev
   libgtest-dev libgmock-dev libbenchmark-dev libhwy-dev
   libpcre2-dev libsentencepiece-dev libicu-dev
-  clang libclang-rt-14-dev
+  clang libclang-rt-14-dev jq
 )
 
 missing=()
