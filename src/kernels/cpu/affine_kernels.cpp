@@ -72,7 +72,11 @@ struct BlockDecoder {
     lo = LoadWords(du, lo_row + e0, p.lo_words - e0);
     if constexpr (C != 0) {
       const int64_t h0 = e0 / kRatio;
-      hi = hn::TableLookupLanes(LoadWords(du, hi_row + h0, p.hi_words - h0), hi_index) >> hi_shift;
+      const auto words = LoadWords(du, hi_row + h0, p.hi_words - h0);
+      if (hn::Lanes(du) >= static_cast<size_t>(kRatio))  // blocks start on a high word: per-lane tables
+        hi = hn::TableLookupLanes(words, hi_index) >> hi_shift;
+      else  // one lane (HWY_SCALAR): the block's word sits at this offset of its high word
+        hi = hn::ShiftRightSame(words, static_cast<int>((e0 % kRatio) * (32 / kRatio)));
     }
   }
 
