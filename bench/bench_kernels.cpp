@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <random>
@@ -156,6 +157,9 @@ void BM_MatvecHot(benchmark::State& state, const lowbit::codec::Codec* codec, Pa
 }  // namespace
 
 int main(int argc, char** argv) {
+  // LOWBIT_THREADS pins the pool size (e.g. to the cores a taskset allows); default: every core.
+  if (const char* threads = std::getenv("LOWBIT_THREADS"))
+    lowbit::set_default_threads(std::strtoul(threads, nullptr, 10));
   benchmark::RegisterBenchmark("read_bandwidth", BM_ReadBandwidth)->UseRealTime()->Unit(benchmark::kMillisecond);
   for (const lowbit::codec::Codec& codec : lowbit::codec::all_codecs()) {
     const auto it = bench_params().find(std::string(codec.id));
