@@ -44,17 +44,37 @@ echo "   $model"
 awk -v bytes="$(stat -c %s "$model")" 'BEGIN { printf "   size: %.1f MB (%d bytes)\n", bytes / 1e6, bytes }'
 
 question="What is the capital of France? Answer in one sentence."
-echo "-- chat (greedy): $question"
-"$lowbit" chat "$model" -p "$question" --temp 0 -n 64 --ctx 512 2>"$cache/chat.err" | sed 's/^/   /' \
-  || { cat "$cache/chat.err" >&2; exit 1; }
 
-echo "-- speed: greedy generation of 64 tokens after a short prompt, all cores"
-"$lowbit" generate "$model" -p "Once upon a time, in a small village by the sea," -n 63 --temp 0 \
-  2>"$cache/generate.err" >/dev/null || { cat "$cache/generate.err" >&2; exit 1; }
-sed -n 's/^prefill: \(.*\)$/   prefill \1/p' "$cache/generate.err" | sed 's/; decode: /\n   decode /'
+# show MODEL [OPTIONS]: a chat answer, generation speed and perplexity, the same lines for every model. OPTIONS
+# (the tokenizer) go to every command; chat also takes the template.
+show() {
+  local m=$1
+  shift
+  local chat_options=("$@")
+  [ $# -gt 0 ] && chat_options+=(--template chatml)
+  echo "-- chat (greedy): $question"
+  "$lowbit" chat "$m" -p "$question" --temp 0 -n 64 --ctx 512 "${chat_options[@]}" 2>"$cache/chat.err" | sed 's/^/   /' \
+    || { cat "$cache/chat.err" >&2; exit 1; }
+  echo "-- speed: greedy generation of 64 tokens after a short prompt, all cores"
+  "$lowbit" generate "$m" -p "Once upon a time, in a small village by the sea," -n 63 --temp 0 "$@" \
+    2>"$cache/generate.err" >/dev/null || { cat "$cache/generate.err" >&2; exit 1; }
+  sed -n 's/^prefill: \(.*\)$/   prefill \1/p' "$cache/generate.err" | sed 's/; decode: /\n   decode /'
+  echo "-- perplexity on $text (ctx 128)"
+  "$lowbit" eval ppl "$m" --text "$text" --ctx 128 --json "$@" 2>"$cache/ppl.err" >"$cache/ppl.json" \
+    || { cat "$cache/ppl.err" >&2; exit 1; }
+  python3 -c 'import json, sys; r = json.load(open(sys.argv[1])); print("   ppl %.3f over %d scored tokens" % (r["ppl"], r["tokens"]))' \
+    "$cache/ppl.json"
+}
 
-echo "-- perplexity on $text (ctx 128)"
-"$lowbit" eval ppl "$model" --text "$text" --ctx 128 --json 2>"$cache/ppl.err" >"$cache/ppl.json" \
-  || { cat "$cache/ppl.err" >&2; exit 1; }
-python3 -c 'import json, sys; r = json.load(open(sys.argv[1])); print("   ppl %.3f over %d scored tokens" % (r["ppl"], r["tokens"]))' \
-  "$cache/ppl.json"
+show "$model"
+
+# The main job: quantize it into a lowbit artifact (affine 4-bit, group 64; plain rounding here to keep the demo
+# quick, drop --no-calib for GPTQ on the calibration text), verify it, and show the same lines.
+quantized="$cache/SmolLM2-135M-Instruct.affine4.lowbit"
+echo
+echo "== lowbit quantize --preset affine4 (plain rounding) -> $quantized"
+"$lowbit" quantize "$model" "$quantized" --preset affine4 --no-calib --force 2>"$cache/quantize.err" | sed 's/^/   /' \
+  || { cat "$cache/quantize.err" >&2; exit 1; }
+"$lowbit" verify "$quantized" | sed 's/^/   /'
+# The GGUF's vocabulary and chat template are embedded in it; the artifact borrows them from there.
+show "$quantized" --tokenizer "$model"

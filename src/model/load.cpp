@@ -44,6 +44,7 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::filesystem::path& model_pat
                                           const std::optional<std::filesystem::path>& tokenizer_file) {
   if (tokenizer_file) {
     const auto& f = *tokenizer_file;
+    if (has_magic(f, "GGUF")) return load_gguf_tokenizer(f);
     if (f.extension() == ".json") return load_hf_tokenizer(f);
     if (f.extension() == ".model") return load_sentencepiece(f);
     return load_llama2c_tokenizer(f);
