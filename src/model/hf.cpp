@@ -16,17 +16,6 @@ namespace {
 
 constexpr uint64_t kMaxConfigBytes = 16 << 20;
 
-std::string_view dense_dtype_name(DType t, std::string_view name, std::string_view source) {
-  switch (t) {
-    case DType::F32: return "f32";
-    case DType::F16: return "f16";
-    case DType::BF16: return "bf16";
-    default:
-      fail(Errc::unsupported, "[load_hf] {}: tensor '{}' has dtype {} (F32, F16 or BF16 expected)", source, name,
-           dtype_name(t));
-  }
-}
-
 bool wanted(const std::string& name, const ModelConfig& c) {
   if (name.ends_with("rotary_emb.inv_freq")) return false;
   if (name == "lm_head.weight" && c.tied_embeddings) return false;  // some exports store the tied copy too
@@ -56,6 +45,26 @@ std::vector<float> hf_layout_values(const Model& model, const NamedTensor& t) {
 
 }  // namespace
 
+std::string_view float_dtype_param(DType t, std::string_view name, std::string_view source) {
+  switch (t) {
+    case DType::F32: return "f32";
+    case DType::F16: return "f16";
+    case DType::BF16: return "bf16";
+    default:
+      fail(Errc::unsupported, "[load_model] {}: tensor '{}' has dtype {} (F32, F16 or BF16 expected)", source, name,
+           dtype_name(t));
+  }
+}
+
+codec::TensorRef dense_view_ref(const TensorView& view, std::string_view name, std::string_view source) {
+  codec::TensorRef ref;
+  ref.codec = &codec::codec_or_throw("dense", "load_model");
+  ref.params = {{"dtype", float_dtype_param(view.dtype, name, source)}};
+  ref.shape = view.shape;
+  ref.arrays.items.emplace_back("data", view);
+  return ref;
+}
+
 std::unique_ptr<Model> load_hf(const std::filesystem::path& dir, const LoadOptions& options) {
   const auto config_path = dir / "config.json";
   const std::string source = config_path.string();
@@ -66,17 +75,8 @@ std::unique_ptr<Model> load_hf(const std::filesystem::path& dir, const LoadOptio
   auto ckpt = std::make_shared<io::SafetensorsCheckpoint>(io::SafetensorsCheckpoint::open(dir));
   ModelBuilder b;
   b.keep_alive(ckpt);
-  const codec::Codec& dense = codec::codec_or_throw("dense", "load_hf");
-  for (const std::string& name : ckpt->names()) {
-    if (!wanted(name, c)) continue;
-    const TensorView view = ckpt->tensor(name);
-    codec::TensorRef ref;
-    ref.codec = &dense;
-    ref.params = {{"dtype", dense_dtype_name(view.dtype, name, source)}};
-    ref.shape = view.shape;
-    ref.arrays.items.emplace_back("data", view);
-    b.add(name, std::move(ref));
-  }
+  for (const std::string& name : ckpt->names())
+    if (wanted(name, c)) b.add(name, dense_view_ref(ckpt->tensor(name), name, source));
   return b.finish(c, dir.string());
 }
 

@@ -6,6 +6,7 @@
 #include "lowbit/io/json.h"
 #include "lowbit/io/safetensors.h"
 #include "lowbit/model/architecture.h"
+#include "lowbit/model/hf.h"
 
 namespace lowbit::model {
 
@@ -35,15 +36,6 @@ std::pair<int64_t, int64_t> bits_and_group(const nlohmann::json& q, const std::s
   return {get("bits"), get("group_size")};
 }
 
-std::string_view scale_dtype_param(DType t, const std::string& name, std::string_view source) {
-  switch (t) {
-    case DType::F32: return "f32";
-    case DType::F16: return "f16";
-    case DType::BF16: return "bf16";
-    default: fail(Errc::dtype, "[load_mlx] {}: '{}' has dtype {} (F32, F16 or BF16 expected)", source, name, dtype_name(t));
-  }
-}
-
 }  // namespace
 
 bool is_mlx_quantized(const nlohmann::json& config) {
@@ -61,7 +53,6 @@ std::unique_ptr<Model> load_mlx(const std::filesystem::path& dir, const LoadOpti
   auto ckpt = std::make_shared<io::SafetensorsCheckpoint>(io::SafetensorsCheckpoint::open(dir));
   ModelBuilder b;
   b.keep_alive(ckpt);
-  const codec::Codec& dense = codec::codec_or_throw("dense", "load_mlx");
   const codec::Codec& affine = codec::codec_or_throw("affine", "load_mlx");
   std::set<std::string> consumed;
   for (const std::string& name : ckpt->names()) {
@@ -80,7 +71,7 @@ std::unique_ptr<Model> load_mlx(const std::filesystem::path& dir, const LoadOpti
     codec::TensorRef ref;
     ref.codec = &affine;
     ref.shape = {codes.shape[0], codes.shape[1] * 32 / bits};
-    ref.params = {{"bits", bits}, {"group_size", group}, {"scale_dtype", scale_dtype_param(scales.dtype, name, source)}};
+    ref.params = {{"bits", bits}, {"group_size", group}, {"scale_dtype", float_dtype_param(scales.dtype, name, source)}};
     ref.arrays.items = {{"codes", codes}, {"scales", scales}, {"biases", biases}};
     codec::validate_tensor(ref, fmt::format("[load_mlx] {}: '{}'", source, module));
     b.add(module + ".weight", std::move(ref));
@@ -89,13 +80,7 @@ std::unique_ptr<Model> load_mlx(const std::filesystem::path& dir, const LoadOpti
   for (const std::string& name : ckpt->names()) {
     if (consumed.contains(name) || name.ends_with("rotary_emb.inv_freq")) continue;
     if (name == "lm_head.weight" && c.tied_embeddings) continue;
-    const TensorView view = ckpt->tensor(name);
-    codec::TensorRef ref;
-    ref.codec = &dense;
-    ref.params = {{"dtype", scale_dtype_param(view.dtype, name, source)}};
-    ref.shape = view.shape;
-    ref.arrays.items.emplace_back("data", view);
-    b.add(name, std::move(ref));
+    b.add(name, dense_view_ref(ckpt->tensor(name), name, source));
   }
   return b.finish(c, dir.string());
 }

@@ -10,6 +10,11 @@
 
 namespace lowbit::model {
 
+// The dense codec's parameter for a float dtype ("f32", "f16", "bf16"); Errc::unsupported for other dtypes.
+std::string_view float_dtype_param(DType t, std::string_view name, std::string_view source);
+// A dense TensorRef viewing a stored float tensor as it is (zero-copy).
+codec::TensorRef dense_view_ref(const TensorView& view, std::string_view name, std::string_view source);
+
 std::unique_ptr<Model> load_hf(const std::filesystem::path& dir, const LoadOptions& options = {});
 
 // Writes `model` to a new directory `out` as config.json + model.safetensors (f32), q/k rows in HF's half
