@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include "codec/codec_test_util.h"
+
 #include <cmath>
 #include <limits>
 #include <random>
@@ -17,27 +19,11 @@ namespace os = offset_scale;
 
 Params precision(const char* p) { return {{"precision", p}}; }
 
-std::vector<float> random_weights(int64_t n, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 0.05f);
-  std::vector<float> w(static_cast<size_t>(n));
-  for (float& v : w) v = normal(rng);
-  return w;
-}
+std::vector<float> random_weights(int64_t n, uint64_t seed) { return testing::gaussian_weights(n, seed, 0.05f); }
 
-TensorRef ref(const EncodedTensor& e, const Shape& shape) {
-  return {&codec_or_throw("offset_scale", "test"), e.params, shape, e.views()};
-}
+TensorRef ref(const EncodedTensor& e, const Shape& shape) { return testing::encoded_ref("offset_scale", e, shape); }
 
-template <class Fn>
-void expect_errc(Errc code, Fn&& fn) {
-  try {
-    fn();
-    FAIL() << "expected " << errc_name(code);
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), code) << e.what();
-  }
-}
+using testing::expect_errc;
 
 // One group whose largest magnitude sits on the outermost level with scale 1 exactly, so RTN reproduces
 // the integer codes given.

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include "codec/codec_test_util.h"
+
 #include <cmath>
 #include <limits>
 #include <random>
@@ -188,9 +190,7 @@ Params params(int L, int k, const char* code, const char* rotate, const char* sc
   return {{"L", L}, {"k", k}, {"code", code}, {"rotate", rotate}, {"scale", scale}};
 }
 
-TensorRef ref(const EncodedTensor& e, const Shape& shape) {
-  return {find_codec("trellis"), e.params, shape, e.views()};
-}
+TensorRef ref(const EncodedTensor& e, const Shape& shape) { return testing::encoded_ref("trellis", e, shape); }
 
 double mse(const std::vector<float>& a, const std::vector<float>& b) {
   double s = 0;

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include "codec/codec_test_util.h"
+
 #include <cmath>
 #include <limits>
 #include <random>
@@ -19,27 +21,11 @@ Params params(const char* storage, const char* metadata, const char* dtype = "bf
   return {{"storage", storage}, {"metadata", metadata}, {"scale_dtype", dtype}};
 }
 
-std::vector<float> random_weights(int64_t n, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 0.02f);
-  std::vector<float> w(static_cast<size_t>(n));
-  for (float& v : w) v = normal(rng);
-  return w;
-}
+std::vector<float> random_weights(int64_t n, uint64_t seed) { return testing::gaussian_weights(n, seed, 0.02f); }
 
-TensorRef ref(const EncodedTensor& e, const Shape& shape) {
-  return {&codec_or_throw("two_plane", "test"), e.params, shape, e.views()};
-}
+TensorRef ref(const EncodedTensor& e, const Shape& shape) { return testing::encoded_ref("two_plane", e, shape); }
 
-template <class Fn>
-void expect_errc(Errc code, Fn&& fn) {
-  try {
-    fn();
-    FAIL() << "expected " << errc_name(code);
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), code) << e.what();
-  }
-}
+using testing::expect_errc;
 
 double squared_error(const std::vector<float>& a, const std::vector<float>& b) {
   double e = 0.0;
