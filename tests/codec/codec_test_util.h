@@ -10,7 +10,7 @@
 #include "lowbit/codec/codec.h"
 #include "lowbit/core/error.h"
 
-namespace lowbit::codec::testing {
+namespace lowbit::codec::test_util {
 
 // n weights from N(0, sigma^2), seeded.
 inline std::vector<float> gaussian_weights(int64_t n, uint64_t seed, float sigma) {
@@ -37,4 +37,4 @@ void expect_errc(Errc code, Fn&& fn) {
   }
 }
 
-}  // namespace lowbit::codec::testing
+}  // namespace lowbit::codec::test_util

@@ -19,11 +19,11 @@ namespace os = offset_scale;
 
 Params precision(const char* p) { return {{"precision", p}}; }
 
-std::vector<float> random_weights(int64_t n, uint64_t seed) { return testing::gaussian_weights(n, seed, 0.05f); }
+std::vector<float> random_weights(int64_t n, uint64_t seed) { return test_util::gaussian_weights(n, seed, 0.05f); }
 
-TensorRef ref(const EncodedTensor& e, const Shape& shape) { return testing::encoded_ref("offset_scale", e, shape); }
+TensorRef ref(const EncodedTensor& e, const Shape& shape) { return test_util::encoded_ref("offset_scale", e, shape); }
 
-using testing::expect_errc;
+using test_util::expect_errc;
 
 // One group whose largest magnitude sits on the outermost level with scale 1 exactly, so RTN reproduces
 // the integer codes given.

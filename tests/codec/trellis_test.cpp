@@ -190,7 +190,7 @@ Params params(int L, int k, const char* code, const char* rotate, const char* sc
   return {{"L", L}, {"k", k}, {"code", code}, {"rotate", rotate}, {"scale", scale}};
 }
 
-TensorRef ref(const EncodedTensor& e, const Shape& shape) { return testing::encoded_ref("trellis", e, shape); }
+TensorRef ref(const EncodedTensor& e, const Shape& shape) { return test_util::encoded_ref("trellis", e, shape); }
 
 double mse(const std::vector<float>& a, const std::vector<float>& b) {
   double s = 0;

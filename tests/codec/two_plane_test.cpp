@@ -21,11 +21,11 @@ Params params(const char* storage, const char* metadata, const char* dtype = "bf
   return {{"storage", storage}, {"metadata", metadata}, {"scale_dtype", dtype}};
 }
 
-std::vector<float> random_weights(int64_t n, uint64_t seed) { return testing::gaussian_weights(n, seed, 0.02f); }
+std::vector<float> random_weights(int64_t n, uint64_t seed) { return test_util::gaussian_weights(n, seed, 0.02f); }
 
-TensorRef ref(const EncodedTensor& e, const Shape& shape) { return testing::encoded_ref("two_plane", e, shape); }
+TensorRef ref(const EncodedTensor& e, const Shape& shape) { return test_util::encoded_ref("two_plane", e, shape); }
 
-using testing::expect_errc;
+using test_util::expect_errc;
 
 double squared_error(const std::vector<float>& a, const std::vector<float>& b) {
   double e = 0.0;
