@@ -6,6 +6,7 @@
 #include <string>
 
 #include "cli/command.h"
+#include "lowbit/artifact/foreign.h"
 #include "lowbit/artifact/reader.h"
 #include "lowbit/core/checked.h"
 #include "lowbit/core/progress.h"
@@ -27,16 +28,17 @@ struct TensorRow {
   double bits_per_weight = 0;
 };
 
+TensorRow tensor_row(const std::string& name, const lowbit::codec::TensorRef& ref) {
+  TensorRow r{name, lowbit::shape_str(ref.shape), std::string(ref.codec->id), ref.params.dump()};
+  r.weights = lowbit::checked_numel(ref.shape, name);
+  for (const auto& [role, view] : ref.arrays.items) r.stored_bytes += view.bytes.size();
+  r.bits_per_weight = lowbit::codec::bits_per_weight(*ref.codec, ref.params, ref.shape);
+  return r;
+}
+
 std::vector<TensorRow> tensor_rows(const Artifact& a) {
   std::vector<TensorRow> rows;
-  for (const auto& t : a.manifest().tensors) {
-    const auto& ref = a.tensor(t.name);
-    TensorRow r{t.name, lowbit::shape_str(t.shape), t.codec, t.params.dump()};
-    r.weights = lowbit::checked_numel(t.shape, t.name);
-    for (const auto& [role, view] : ref.arrays.items) r.stored_bytes += view.bytes.size();
-    r.bits_per_weight = lowbit::codec::bits_per_weight(*ref.codec, t.params, t.shape);
-    rows.push_back(std::move(r));
-  }
+  for (const auto& t : a.manifest().tensors) rows.push_back(tensor_row(t.name, a.tensor(t.name)));
   return rows;
 }
 
@@ -83,7 +85,8 @@ std::string config_summary(const json& config, size_t limit) {
   return out.empty() ? "(empty)" : out;
 }
 
-void print_table(const Artifact& a, const std::vector<TensorRow>& rows) {
+// The tensor table; returns the total stored bytes.
+uint64_t print_rows(const std::vector<TensorRow>& rows) {
   size_t name_width = 4, shape_width = 5, codec_width = 5;
   for (const TensorRow& r : rows) {
     name_width = std::max(name_width, r.name.size());
@@ -99,10 +102,15 @@ void print_table(const Artifact& a, const std::vector<TensorRow>& rows) {
     weights += r.weights;
     stored += r.stored_bytes;
   }
+  fmt::print("\ntotal: {} tensors, {} weights, {} stored ({:.3f} bits/weight)", rows.size(), weights,
+             lowbit::human_bytes(stored), average_bits(stored, weights));
+  return stored;
+}
+
+void print_table(const Artifact& a, const std::vector<TensorRow>& rows) {
+  print_rows(rows);
   const auto& m = a.manifest();
-  fmt::print("\ntotal: {} tensors, {} weights, {} stored ({:.3f} bits/weight), artifact {} in {} files\n",
-             rows.size(), weights, lowbit::human_bytes(stored), average_bits(stored, weights),
-             lowbit::human_bytes(a.total_bytes()), m.files.size() + 1);
+  fmt::print(", artifact {} in {} files\n", lowbit::human_bytes(a.total_bytes()), m.files.size() + 1);
   fmt::print("config: {}\n", config_summary(m.config, 8));
   fmt::print("provenance: {}, {} source files, calibration {}, seeds {}\n", m.provenance.tool,
              m.provenance.sources.size(), m.provenance.calibration_sha256.value_or("none"),
@@ -110,7 +118,35 @@ void print_table(const Artifact& a, const std::vector<TensorRow>& rows) {
   if (!m.quality.empty()) fmt::print("quality: {}\n", m.quality.dump());
 }
 
+// A foreign format (audio8 bundle, Phonon directory), opened with every check of its own loader.
+void inspect_foreign(const lowbit::artifact::ForeignFormat& format, const Options& o) {
+  const auto model = format.open(o.artifact, {.verify_hash = !o.no_verify_hash});
+  std::vector<TensorRow> rows;
+  for (const auto& [name, ref] : model.tensors) rows.push_back(tensor_row(name, ref));
+  if (o.json) {
+    json tensors = json::array();
+    for (size_t i = 0; i < rows.size(); ++i)
+      tensors.push_back({{"name", rows[i].name}, {"shape", model.tensors[i].second.shape}, {"codec", rows[i].codec},
+                         {"params", model.tensors[i].second.params}, {"bits_per_weight", rows[i].bits_per_weight},
+                         {"stored_bytes", rows[i].stored_bytes}});
+    fmt::print("{}\n", json{{"format", model.format},
+                            {"tensors", std::move(tensors)},
+                            {"aliases", model.aliases},
+                            {"unsupported", model.unsupported},
+                            {"config", model.config},
+                            {"provenance", model.provenance.recipe}}
+                           .dump(2));
+    return;
+  }
+  print_rows(rows);
+  fmt::print("\nformat: {}\n", model.format);
+  for (const auto& [alias, target] : model.aliases) fmt::print("alias: {} -> {}\n", alias, target);
+  if (!model.unsupported.empty()) fmt::print("not run by lowbit: {}\n", fmt::join(model.unsupported, ", "));
+  fmt::print("config: {}\n", model.config.is_object() ? config_summary(model.config, 8) : "(none)");
+}
+
 void run(const Options& o) {
+  if (const auto* foreign = lowbit::artifact::find_foreign_format(o.artifact)) return inspect_foreign(*foreign, o);
   lowbit::artifact::ReadOptions options;
   options.verify_hash = !o.no_verify_hash;
   const Artifact a = Artifact::open(o.artifact, options);

@@ -4,7 +4,9 @@
 #include <fstream>
 
 #include "lowbit/core/error.h"
+#include "lowbit/artifact/foreign.h"
 #include "lowbit/model/artifact_model.h"
+#include "lowbit/model/foreign_model.h"
 #include "lowbit/model/gguf_model.h"
 #include "lowbit/model/hf.h"
 #include "lowbit/model/llama2c.h"
@@ -28,6 +30,7 @@ bool has_magic(const std::filesystem::path& path, std::string_view magic) {
 std::unique_ptr<Model> load_model(const std::filesystem::path& path, const LoadOptions& options) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) {
+    if (const auto* foreign = artifact::find_foreign_format(path)) return load_foreign_model(path, *foreign, options);
     if (std::filesystem::exists(path / "manifest.json")) return load_artifact_model(path, options);
     if (std::filesystem::exists(path / "config.json")) {
       if (is_mlx_quantized(io::read_json_file(path / "config.json", "load_model", 16 << 20))) return load_mlx(path, options);

@@ -1,0 +1,33 @@
+#include "lowbit/model/foreign_model.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdio>
+
+#include "lowbit/core/error.h"
+#include "lowbit/model/architecture.h"
+
+namespace lowbit::model {
+
+std::unique_ptr<Model> load_foreign_model(const std::filesystem::path& dir, const artifact::ForeignFormat& format,
+                                          const LoadOptions& options) {
+  const std::string source = dir.string();
+  auto foreign = std::make_shared<artifact::ForeignModel>(format.open(dir, {}));
+  if (!foreign->config.is_object())
+    fail(Errc::unsupported, "[load_model] {}: this {} carries no language-model config", source, foreign->format);
+  for (const std::string& part : foreign->unsupported)
+    fmt::print(stderr, "[load_model] {}: '{}' is not supported by lowbit and is not run\n", source, part);
+  ModelConfig c = parse_hf_config(foreign->config, source);
+  if (options.max_seq) c.max_seq = std::min(c.max_seq, *options.max_seq);
+  ModelBuilder b;
+  b.keep_alive(foreign);
+  for (const auto& [name, ref] : foreign->tensors) b.add(name, ref);
+  for (const auto& [alias, target] : foreign->aliases) {
+    if (c.tied_embeddings && alias == "lm_head.weight") continue;  // the builder ties the head itself
+    b.add(alias, foreign->alias_target(alias, target));
+  }
+  return b.finish(c, source);
+}
+
+}  // namespace lowbit::model
