@@ -63,8 +63,10 @@ GenerateStats generate(const Model& model, const Tokenizer& tokenizer, const Gen
   Sampler sampler(options.sampler);
   const std::vector<int32_t> stops = stop_tokens(model, tokenizer);
   Utf8Stream out(emit);
-  if (options.echo_prompt)
-    for (int64_t i = 1; i < n_prompt; ++i) out.write(tokenizer.token_text_after(tokens[i - 1], tokens[i]));
+  if (options.echo_prompt) {  // the prompt's text without its BOS; a tokenizer without BOS echoes every token
+    const int64_t first = tokenizer.bos_id() == tokens[0] ? 1 : 0;
+    for (int64_t i = first; i < n_prompt; ++i) out.write(tokenizer.token_text_after(i ? tokens[i - 1] : -1, tokens[i]));
+  }
 
   std::vector<float> logits(static_cast<size_t>(model.config.vocab));
   const auto t0 = Clock::now();

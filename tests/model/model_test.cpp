@@ -188,6 +188,34 @@ TEST(Stories260K, GreedyGenerationMatchesReference) {
   EXPECT_EQ(stats.generated_tokens, 256);
 }
 
+// One token per lowercase letter, no BOS (as Qwen's tokenizers): the echoed prompt must keep its first token.
+class LetterTokenizer final : public Tokenizer {
+ public:
+  std::vector<int32_t> encode(std::string_view text, bool, bool) const override {
+    std::vector<int32_t> ids;
+    for (char ch : text) ids.push_back(ch - 'a');
+    return ids;
+  }
+  std::string token_text(int32_t id) const override { return std::string(1, static_cast<char>('a' + id % 26)); }
+  int32_t vocab_size() const override { return 32; }
+  std::optional<int32_t> bos_id() const override { return std::nullopt; }
+  std::vector<int32_t> eos_ids() const override { return {}; }
+  std::optional<int32_t> token_id(std::string_view) const override { return std::nullopt; }
+};
+
+TEST(Generate, EchoKeepsTheFirstTokenWithoutBos) {
+  const auto model = testing::tiny_model(testing::tiny_config());
+  GenerateOptions options;
+  options.prompt = "abc";
+  options.steps = 2;
+  options.sampler.temperature = 0;
+  std::string out;
+  ThreadPool pool(1);
+  generate(*model, LetterTokenizer(), options, pool, [&](std::string_view s) { out += s; });
+  EXPECT_EQ(out.substr(0, 3), "abc") << out;
+  EXPECT_EQ(out.size(), 3u + 3u + 1u) << out;  // the prompt, steps + 1 tokens, the final newline
+}
+
 TEST(Stories260K, HfConversionGivesTheSameLogits) {
   SKIP_WITHOUT_STORIES();
   const auto original = load_model(kStories / "stories260K.bin");
