@@ -115,7 +115,9 @@ void print_table(const Artifact& a, const std::vector<TensorRow>& rows) {
   fmt::print("provenance: {}, {} source files, calibration {}, seeds {}\n", m.provenance.tool,
              m.provenance.sources.size(), m.provenance.calibration_sha256.value_or("none"),
              json(m.provenance.seeds).dump());
-  if (!m.quality.empty()) fmt::print("quality: {}\n", m.quality.dump());
+  // Scalars only (bits per weight, time, RSS); the per-tensor records are in --json.
+  for (const auto& [key, value] : m.quality.items())
+    fmt::print("quality.{}: {}\n", key, value.is_object() ? config_summary(value, 12) : value.dump());
 }
 
 // A foreign format (audio8 bundle, Phonon directory), opened with every check of its own loader.
