@@ -30,7 +30,7 @@ constexpr std::array kCodecs{
           offset_scale::encode, offset_scale::quantize_column},
     Codec{"two_plane", "seed 000 five-state: sum of two 2-bit affine planes per group of 128",
           two_plane::validate, two_plane::arrays, two_plane::check_content, two_plane::decode_rows,
-          two_plane::encode},
+          two_plane::encode, two_plane::quantize_column},
 };
 
 // Every function is a constructor argument, so completeness is checked by the compiler; ids must be unique.

@@ -267,6 +267,79 @@ void store_metadata(const Encoding& enc, EncodedTensor& out) {
   out.arrays.emplace_back("residual_biases", std::move(rb));
 }
 
+// The four affine values of group g of row r, read from stored (not expanded) metadata.
+struct GroupMetadata {
+  float base_scale, base_bias, residual_scale, residual_bias;
+};
+
+GroupMetadata group_metadata(const Layout& l, const ArrayViews& arrays, int64_t r, int64_t g) {
+  if (l.metadata == Metadata::slim) {
+    const float alpha = load_float(l.scale_dtype, arrays.at("base_alpha").bytes.data(), r);
+    const float residual = load_float(l.scale_dtype, arrays.at("residual_scale").bytes.data(), 0);
+    return {alpha, -alpha, residual, -residual};
+  }
+  const auto i = static_cast<size_t>(r * l.groups_per_row() + g);
+  const auto load = [&](std::string_view role) { return load_float(l.scale_dtype, arrays.at(role).bytes.data(), i); };
+  return {load("base_scales"), load("base_biases"), load("residual_scales"), load("residual_biases")};
+}
+
+// The digit (state + 2) whose decoded value is nearest to w under metadata m, state 0 on ties; sets `value`.
+uint8_t nearest_digit(float w, const GroupMetadata& m, float& value) {
+  const auto decoded = [&](uint8_t d) {
+    return (m.base_scale * static_cast<float>(kStateBase[d]) + m.base_bias) +
+           (m.residual_scale * static_cast<float>(kStateResidual[d]) + m.residual_bias);
+  };
+  uint8_t best = kZeroDigit;
+  value = decoded(kZeroDigit);
+  for (uint8_t d = 0; d < 5; ++d) {
+    const float v = decoded(d);
+    if (std::fabs(w - v) < std::fabs(w - value)) best = d, value = v;
+  }
+  return best;
+}
+
+// The writable code arrays of an encoded tensor (planes: base and residual words; quint5 / trit3: bytes).
+struct CodeArrays {
+  uint32_t* base = nullptr;
+  uint32_t* residual = nullptr;
+  uint8_t* codes = nullptr;
+};
+
+CodeArrays code_arrays(EncodedTensor& tensor) {
+  CodeArrays a;
+  for (auto& [role, buffer] : tensor.arrays) {
+    if (role == "base_codes") a.base = buffer.as<uint32_t>();
+    if (role == "residual_codes") a.residual = buffer.as<uint32_t>();
+    if (role == "codes") a.codes = buffer.as<uint8_t>();
+  }
+  return a;
+}
+
+// Stores digit d at column c of row r in whichever code storage the layout uses, keeping the other codes.
+void write_digit(const Layout& l, const CodeArrays& a, int64_t r, int64_t c, uint8_t d) {
+  switch (l.storage) {
+    case Storage::planes: {
+      const int64_t word = r * l.words_per_row() + c / 16;
+      const unsigned shift = 2 * (c % 16);
+      a.base[word] = (a.base[word] & ~(3u << shift)) | static_cast<uint32_t>(kStateBase[d]) << shift;
+      a.residual[word] = (a.residual[word] & ~(3u << shift)) | static_cast<uint32_t>(kStateResidual[d]) << shift;
+      return;
+    }
+    case Storage::quint5: {
+      const int64_t k = c / kDigitsPerChunk;
+      uint8_t* chunk = a.codes + r * l.quint5_row_bytes() + 3 * k;
+      const int n = static_cast<int>(std::min<int64_t>(kDigitsPerChunk, l.padded_cols - k * kDigitsPerChunk));
+      uint8_t digits[kDigitsPerChunk];
+      if (!quint5_unpack(chunk, n, digits))
+        fail(Errc::reserved_code, "[two_plane] codes[{}]: quint5 chunk {} is not below 5^{}", r, k, n);
+      digits[c % kDigitsPerChunk] = d;
+      quint5_pack(digits, n, chunk);
+      return;
+    }
+    case Storage::trit3: offset_scale::write_code(a.codes + r * l.trit3_row_bytes(), c, kTrit3Bits, d); return;
+  }
+}
+
 std::string_view scale_dtype_param(DType t) { return t == DType::BF16 ? "bf16" : t == DType::F16 ? "f16" : "f32"; }
 
 std::string_view storage_name(Storage s) {
@@ -503,6 +576,22 @@ EncodedTensor fold_to_affine(const TensorRef& tensor, int bits, const EncodeOpti
     }
   }
   return out;
+}
+
+void quantize_column(const Params& params, const Shape& shape, EncodedTensor& tensor, int64_t col,
+                     const float* values, float* out) {
+  const Layout l = layout(params, shape);
+  if (col < 0 || col >= l.cols) fail(Errc::shape, "[two_plane] quantize_column: column {} outside [0, {})", col, l.cols);
+  const ArrayViews views = tensor.views();
+  const CodeArrays codes = code_arrays(tensor);
+  if (l.storage == Storage::planes ? !codes.base || !codes.residual : !codes.codes)
+    fail(Errc::shape, "[two_plane] quantize_column: the encoded tensor lacks its code arrays");
+  for (int64_t r = 0; r < l.rows; ++r) {
+    if (!std::isfinite(values[r]))
+      fail(Errc::non_finite, "[two_plane] quantize_column: value at row {} is not finite", r);
+    const uint8_t d = nearest_digit(values[r], group_metadata(l, views, r, col / kGroupSize), out[r]);
+    write_digit(l, codes, r, col, d);
+  }
 }
 
 }  // namespace lowbit::codec::two_plane

@@ -204,6 +204,40 @@ TEST(TwoPlane, PaddingIsStateZeroAndNeverDecoded) {
   }
 }
 
+// GPTQ's column step: the column is re-rounded to the nearest state on the stored grid, in every storage and
+// both metadata variants, and nothing else changes.
+TEST(TwoPlane, QuantizeColumnRoundsToTheStoredGrid) {
+  const Shape shape{4, 140};  // two groups, the second padded
+  const auto w = random_weights(4 * 140, 8);
+  const int64_t col = 131;
+  const std::vector<float> values{0.031f, -0.2f, 0.0f, 0.007f};
+  for (const char* storage : {"planes", "quint5", "trit3"})
+    for (const char* metadata : {"full", "slim"}) {
+      EncodedTensor e = tp::encode(params(storage, metadata), shape, w.data(), {});
+      const auto before = decode_all(ref(e, shape));
+      std::vector<float> out(4);
+      tp::quantize_column(e.params, shape, e, col, values.data(), out.data());
+      ASSERT_NO_THROW(validate_tensor(ref(e, shape), "t")) << storage << " " << metadata;
+      const auto after = decode_all(ref(e, shape));
+      const auto m = tp::expand_metadata(tp::layout(e.params, shape), e.views());
+      for (int64_t r = 0; r < 4; ++r) {
+        for (int64_t c = 0; c < 140; ++c) {
+          if (c != col) ASSERT_EQ(after[r * 140 + c], before[r * 140 + c]) << storage << " " << metadata;
+        }
+        EXPECT_EQ(after[r * 140 + col], out[r]);
+        const size_t g = static_cast<size_t>(r * 2 + 1);
+        const float sb = m.base_scales[g], sr = m.residual_scales[g];
+        for (float level : {0.0f, sb, -sb, sb + sr, -sb - sr})
+          EXPECT_LE(std::fabs(values[r] - out[r]), std::fabs(values[r] - level) * 1.0001f + 1e-9f);
+      }
+    }
+  EncodedTensor e = tp::encode(params("planes", "full"), shape, w.data(), {});
+  std::vector<float> out(4);
+  expect_errc(Errc::shape, [&] { tp::quantize_column(e.params, shape, e, 140, values.data(), out.data()); });
+  const std::vector<float> nan{0.0f, std::numeric_limits<float>::quiet_NaN(), 0.0f, 0.0f};
+  expect_errc(Errc::non_finite, [&] { tp::quantize_column(e.params, shape, e, 0, nan.data(), out.data()); });
+}
+
 TEST(TwoPlane, RejectsInvalidParams) {
   const Shape shape{2, 128};
   expect_errc(Errc::codec_params, [&] { tp::validate(Params{{"storage", "quint4"}}, shape); });

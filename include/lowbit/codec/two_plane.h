@@ -92,6 +92,13 @@ void decode_rows(const Params& params, const Shape& shape, const ArrayViews& arr
 // the states reassigned, kept while the error falls.
 EncodedTensor encode(const Params& params, const Shape& shape, const float* weights, const EncodeOptions& options);
 
+// GPTQ's column step (codec.h): re-rounds column `col` to the nearest of the five states on the grid the stored
+// metadata fixes (full: the group's four affine values; slim: the row's alpha and the single residual scale,
+// so both metadata variants take Hessian-aware rounding), rewriting its digit in any storage, and writes the
+// dequantized values to `out`.
+void quantize_column(const Params& params, const Shape& shape, EncodedTensor& tensor, int64_t col,
+                     const float* values, float* out);
+
 // The opt-in lossy fold (seed 000, never a default): re-encodes a validated two_plane tensor as one `bits`-bit
 // affine plane (codec "affine", groups of 128, the same scale dtype) through the affine encoder (options.search
 // selects its clipping search), 64 rows at a time so no more than 64 decoded rows exist at once. Returns the
