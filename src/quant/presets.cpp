@@ -34,13 +34,21 @@ Recipe linears_with_head(std::string name, CodecChoice head, std::vector<CodecCh
   return r;
 }
 
+// Two-plane's groups are 128 wide (seed 000); on a narrower or badly divided width its zero padding would cost
+// more than 3-bit affine in groups of 64, which such matrices get instead.
+Recipe fivestate() {
+  Recipe r = linears_with_head("fivestate", affine(6), {two_plane(), affine(3)});
+  r.fallback.padding_fallback = affine(3);
+  return r;
+}
+
 const std::map<std::string, std::function<Recipe()>, std::less<>>& presets() {
   static const std::map<std::string, std::function<Recipe()>, std::less<>> table{
       {"affine4", [] { return linears_with_head("affine4", affine(4), {affine(4), affine(3), affine(5)}); }},
       {"affine3", [] { return linears_with_head("affine3", affine(4), {affine(3), affine(2), affine(4)}); }},
       {"q4", [] { return linears_with_head("q4", affine(6), {offset_scale("q4"), offset_scale("q3_full8")}); }},
       {"q3", [] { return linears_with_head("q3", affine(6), {offset_scale("q3_full8"), offset_scale("q4")}); }},
-      {"fivestate", [] { return linears_with_head("fivestate", affine(6), {two_plane(), affine(3)}); }},
+      {"fivestate", [] { return fivestate(); }},
       {"trellis2", [] { return linears_with_head("trellis2", affine(4), {trellis(2), trellis(3)}, true); }},
       {"trellis3", [] { return linears_with_head("trellis3", affine(5), {trellis(3), trellis(2), trellis(4)}, true); }},
       {"trellis4", [] { return linears_with_head("trellis4", affine(6), {trellis(4), trellis(3)}, true); }},

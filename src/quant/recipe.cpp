@@ -35,7 +35,7 @@ RecipeRule parse_rule(const json& j, std::string_view where, bool is_default) {
   RecipeRule rule;
   rule.pattern = "*";
   for (const auto& [key, value] : j.items())
-    if (key != "match" && key != "codec" && key != "params" && key != "candidates")
+    if (key != "match" && key != "codec" && key != "params" && key != "candidates" && key != "padding_fallback")
       fail(Errc::format, "{}: unknown key '{}'", where, key);
   if (!is_default) {
     if (!j.contains("match") || !j["match"].is_string()) fail(Errc::format, "{}: 'match' must be a string", where);
@@ -48,6 +48,8 @@ RecipeRule parse_rule(const json& j, std::string_view where, bool is_default) {
       rule.candidates.push_back(parse_choice(j["candidates"][i], fmt::format("{} candidate {}", where, i)));
   }
   if (rule.candidates.empty()) fail(Errc::format, "{}: a rule needs 'codec' or 'candidates'", where);
+  if (j.contains("padding_fallback"))
+    rule.padding_fallback = parse_choice(j["padding_fallback"], fmt::format("{} padding_fallback", where));
   return rule;
 }
 
@@ -86,7 +88,13 @@ const RecipeRule& Recipe::rule_for(std::string_view tensor_name) const {
 
 CodecChoice Recipe::choose(std::string_view tensor_name, const Shape& shape) const {
   if (shape.size() != 2) return dense_f32();
-  return rule_for(tensor_name).candidates.front();
+  const RecipeRule& rule = rule_for(tensor_name);
+  const auto bits = [&](const CodecChoice& c) {
+    return codec::bits_per_weight(codec::codec_or_throw(c.codec, tensor_name), c.params, shape);
+  };
+  if (rule.padding_fallback && bits(*rule.padding_fallback) < bits(rule.candidates.front()))
+    return *rule.padding_fallback;
+  return rule.candidates.front();
 }
 
 nlohmann::json Recipe::to_json() const {
@@ -100,6 +108,7 @@ nlohmann::json Recipe::to_json() const {
       j["candidates"] = json::array();
       for (const auto& c : r.candidates) j["candidates"].push_back(choice_json(c));
     }
+    if (r.padding_fallback) j["padding_fallback"] = choice_json(*r.padding_fallback);
     return j;
   };
   json j{{"name", name}, {"rotate", rotate}, {"rules", json::array()}};

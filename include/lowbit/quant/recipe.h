@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -24,6 +25,10 @@ struct CodecChoice {
 struct RecipeRule {
   std::string pattern;                  // glob over the tensor name: '*' any run of characters, '?' one
   std::vector<CodecChoice> candidates;  // first is the choice without --target-bpw
+  // Used instead of the first candidate on a matrix where that candidate would take more bits per weight than
+  // this one: a width its fixed groups do not divide is zero-padded (two_plane's 128-wide groups on a 64-wide
+  // row double its storage).
+  std::optional<CodecChoice> padding_fallback;
 };
 
 struct Recipe {

@@ -1,10 +1,12 @@
-// GPTQ through the two-plane codec's column quantizer (seed 000 with seed 003's Hessian-aware rounding).
+// The fivestate preset: GPTQ through the two-plane codec's column quantizer (seed 000 with seed 003's
+// Hessian-aware rounding), and its fallback for widths two-plane's 128-wide groups would pad.
 #include <gtest/gtest.h>
 
 #include <random>
 
 #include "lowbit/codec/codec.h"
 #include "lowbit/quant/gptq.h"
+#include "lowbit/quant/recipe.h"
 
 namespace lowbit::quant {
 namespace {
@@ -52,6 +54,21 @@ TEST(TwoPlaneGptq, BeatsPlainRoundingInBothMetadataVariants) {
       ASSERT_NO_THROW(codec::validate_tensor(stored, "gptq"));
       EXPECT_NEAR(hessian_loss(p.w, codec::decode_all(stored), 16, p.h), r.loss, 1e-6 * r.loss);
     }
+}
+
+TEST(Fivestate, NarrowOrBadlyDividedWidthsFallBackToAffine) {
+  const Recipe r = preset("fivestate");
+  const auto codec_of = [&](const char* name, Shape shape) { return r.choose(name, shape).codec; };
+  EXPECT_EQ(codec_of("model.layers.0.mlp.down_proj.weight", {576, 1536}), "two_plane");
+  EXPECT_EQ(codec_of("model.layers.0.self_attn.q_proj.weight", {576, 576}), "two_plane");  // pads 576 to 640
+  EXPECT_EQ(codec_of("model.layers.0.self_attn.q_proj.weight", {64, 64}), "affine");      // stories260K
+  EXPECT_EQ(codec_of("model.layers.0.mlp.down_proj.weight", {64, 172}), "affine");
+  EXPECT_EQ(codec_of("lm_head.weight", {512, 64}), "affine");
+  // The fallback survives the recipe's round trip through the artifact's provenance.
+  const Recipe back = Recipe::from_json(r.to_json(), "test");
+  ASSERT_TRUE(back.fallback.padding_fallback.has_value());
+  EXPECT_EQ(*back.fallback.padding_fallback, *r.fallback.padding_fallback);
+  EXPECT_EQ(back.choose("model.layers.0.mlp.up_proj.weight", {172, 64}).codec, "affine");
 }
 
 }  // namespace
