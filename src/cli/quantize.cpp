@@ -17,7 +17,7 @@ namespace fs = std::filesystem;
 
 struct Args {
   std::string source, destination;
-  std::optional<std::string> recipe_file, preset_name, calib, tokenizer;
+  std::optional<std::string> recipe_file, preset_name, calib, calib_cache, tokenizer;
   std::optional<double> target_bpw;
   int64_t calib_tokens = 2048;
   int64_t calib_ctx = 512;
@@ -64,6 +64,10 @@ void run(const Args& a) {
   if (o.calibration) std::fprintf(stderr, "[quantize] calibrating on %s\n", o.calibration->string().c_str());
   o.calib_tokens = a.calib_tokens;
   o.calib_ctx = a.calib_ctx;
+  if (a.calib_cache) {
+    if (!o.calibration) fail(Errc::usage, "[quantize] --calib-cache needs a calibration text (drop --no-calib)");
+    o.calib_cache = fs::path(*a.calib_cache);
+  }
   if (a.tokenizer) o.tokenizer = fs::path(*a.tokenizer);
   o.force = a.force;
   o.seed = a.seed;
@@ -97,6 +101,9 @@ void setup(CLI::App& root) {
   cmd->add_flag("--no-calib", args->no_calib, "Plain rounding, no calibration");
   cmd->add_option("--calib-tokens", args->calib_tokens, "Calibration tokens")->capture_default_str();
   cmd->add_option("--calib-ctx", args->calib_ctx, "Calibration window length")->capture_default_str();
+  cmd->add_option("--calib-cache", args->calib_cache,
+                  "Directory that keeps each layer's calibration Hessians and reuses them when nothing they depend "
+                  "on changed (docs/RECIPES.md)");
   cmd->add_option("--tokenizer", args->tokenizer, "Tokenizer file when not beside the source; stored in OUT");
   cmd->add_option("--threads", args->threads, "Threads (default: all cores)");
   cmd->add_option("--seed", args->seed, "Seed for randomized transforms")->capture_default_str();

@@ -21,12 +21,12 @@ std::optional<std::filesystem::path> artifact_tokenizer_file(const std::filesyst
   const artifact::Artifact art = artifact::Artifact::open(dir, {.verify_hash = false});
   const auto files = art.files_with_role(artifact::FileRole::tokenizer);
   // tokenizer.json and tokenizer.model describe the vocabulary; tokenizer_config.json and the like only
-  // accompany them. A llama2.c vocabulary (.bin) stands alone.
+  // accompany them. A llama2.c vocabulary (.bin) and a GGUF source's tokenizer metadata (.gguf) stand alone.
   for (const char* preferred : {"tokenizer.json", "tokenizer.model"})
     for (const auto& f : files)
       if (f.filename() == preferred) return f;
   for (const auto& f : files)
-    if (f.extension() == ".bin") return f;
+    if (f.extension() == ".bin" || f.extension() == ".gguf") return f;
   return std::nullopt;
 }
 

@@ -12,10 +12,13 @@
 #include "lowbit/core/progress.h"
 #include "lowbit/core/sha256.h"
 #include "lowbit/kernels/cpu.h"
+#include "lowbit/model/gguf_model.h"
 #include "lowbit/model/model.h"
+#include "lowbit/model/tokenizer_export.h"
 #include "lowbit/quant/allocate.h"
 #include "lowbit/quant/block_ldlq.h"
 #include "lowbit/quant/calibration.h"
+#include "lowbit/quant/calibration_cache.h"
 #include "lowbit/quant/fold.h"
 #include "lowbit/quant/gptq.h"
 
@@ -48,9 +51,19 @@ std::unique_ptr<kernels::CpuLinear>* layer_slot(model::LayerWeights& w, std::str
   return nullptr;
 }
 
+// A GGUF tokenizer (the source itself, or --tokenizer) travels as its tokenizer metadata only
+// (model/tokenizer_export.h), never as a copy of a whole model file.
+std::optional<fs::path> gguf_tokenizer_source(const QuantizeOptions& o) {
+  const fs::path& f = o.tokenizer ? *o.tokenizer : o.source;
+  std::error_code ec;
+  if (fs::is_regular_file(f, ec) && model::is_gguf_file(f)) return f;
+  return std::nullopt;
+}
+
 // Tokenizer and config files that travel with the model into the artifact.
 std::vector<fs::path> tokenizer_files(const QuantizeOptions& o) {
   std::vector<fs::path> files;
+  if (gguf_tokenizer_source(o)) return files;
   if (o.tokenizer) files.push_back(*o.tokenizer);
   std::error_code ec;
   if (fs::is_directory(o.source, ec))
@@ -225,11 +238,41 @@ nlohmann::json fold_checked(std::unique_ptr<model::Model>& model, const std::opt
   return {{"seed", seed}, {"kld", kld}, {"deviations", folded.deviations}};
 }
 
+// What the calibration cache's key takes from outside the calibration text (calibration_cache.h).
+struct CalibrationKeySource {
+  std::vector<std::string> source_sha256;
+  bool rotate = false;
+  uint64_t rotation_seed = 0;
+};
+
+std::optional<CalibrationCache> open_calibration_cache(const QuantizeOptions& o, const CalibrationKeySource& key,
+                                                       std::string_view pass, const CalibrationText& text) {
+  if (!o.calib_cache) return std::nullopt;
+  return CalibrationCache(*o.calib_cache,
+                          CalibrationCache::base_key(pass, key.source_sha256, text, key.rotate, key.rotation_seed));
+}
+
+void report_calibration_cache(const QuantizeOptions& o, const CalibrationCacheStats& s, std::string_view pass) {
+  if (!o.calib_cache) return;
+  const std::string dir = o.calib_cache->string();
+  const auto layers = static_cast<long long>(s.reused + s.computed);
+  const int n = static_cast<int>(pass.size());
+  if (s.computed == 0)
+    std::fprintf(stderr, "[quantize] calibration: reused from cache %s (%.*s pass, %lld of %lld layers), saved %.2f s\n",
+                 dir.c_str(), n, pass.data(), static_cast<long long>(s.reused), layers, s.seconds_saved);
+  else
+    std::fprintf(stderr,
+                 "[quantize] calibration: %lld of %lld layers reused from cache %s (%.*s pass, saved %.2f s), %lld "
+                 "computed (%.2f s) and stored there\n",
+                 static_cast<long long>(s.reused), layers, dir.c_str(), n, pass.data(), s.seconds_saved,
+                 static_cast<long long>(s.computed), s.seconds_spent);
+}
+
 // --target-bpw: measures every tensor's candidates on the full-precision model (layer by layer, with the
 // calibration Hessians when there are any) and picks one per tensor within the byte budget.
 nlohmann::json allocate_bits(const QuantizeOptions& o, model::Model& model, Quantizer& quantizer,
                              const std::map<int64_t, std::vector<const model::NamedTensor*>>& by_layer,
-                             const std::optional<CalibrationText>& calib) {
+                             const std::optional<CalibrationText>& calib, const CalibrationKeySource& key) {
   std::vector<AllocationItem> items;
   uint64_t weights = 0;
   for (const auto& t : model.tensors) weights += checked_numel(t.ref.shape, t.name);
@@ -241,11 +284,11 @@ nlohmann::json allocate_bits(const QuantizeOptions& o, model::Model& model, Quan
     items.push_back(quantizer.measure(t, nullptr));
     progress.advance();
   }
-  std::optional<LayerwiseCalibrator> calibrator;
-  if (calib) calibrator.emplace(model, *calib);
+  std::optional<CachedCalibrator> calibrator;
+  if (calib) calibrator.emplace(model, *calib, open_calibration_cache(o, key, "measure", *calib));
   for (const auto& [layer, tensors] : by_layer) {
     LayerHessians hessians;
-    if (calibrator) hessians = calibrator->capture(layer);
+    if (calibrator) hessians = calibrator->hessians(layer);
     for (const model::NamedTensor* t : tensors) {
       int64_t l;
       LinearInput input;
@@ -253,8 +296,9 @@ nlohmann::json allocate_bits(const QuantizeOptions& o, model::Model& model, Quan
       items.push_back(quantizer.measure(*t, calibrator ? &hessians.of(input) : nullptr));
       progress.advance();
     }
-    if (calibrator) calibrator->advance(layer);
+    if (calibrator) calibrator->finish_layer(layer);
   }
+  if (calibrator) report_calibration_cache(o, calibrator->stats(), "measure");
   progress.finish();
   const auto budget = static_cast<uint64_t>(*o.target_bpw * static_cast<double>(weights) / 8.0);
   const Allocation a = allocate(items, budget);
@@ -321,7 +365,8 @@ nlohmann::json QuantizeReport::to_json() const {
           {"calibration_tokens", calibration_tokens},
           {"source_quantized", source_quantized},
           {"allocation", allocation},
-          {"fold", fold}};
+          {"fold", fold},
+          {"calibration_cache", calibration_cache}};
 }
 
 QuantizeReport quantize(const QuantizeOptions& o) {
@@ -342,6 +387,9 @@ QuantizeReport quantize(const QuantizeOptions& o) {
   }
 
   if (o.recipe.rotate) report.fold = fold_checked(model, calib, o.seed);
+  const std::vector<artifact::SourceFile> sources = source_files(o.source);
+  CalibrationKeySource cache_key{{}, o.recipe.rotate, o.seed};
+  for (const auto& f : sources) cache_key.source_sha256.push_back(f.sha256);
 
   artifact::ArtifactWriter writer(o.destination, {o.shard_bytes, o.force});
   Quantizer quantizer(o, *model, writer, report);
@@ -351,7 +399,7 @@ QuantizeReport quantize(const QuantizeOptions& o) {
     LinearInput input;
     if (linear_input_of(t.name, layer, input)) by_layer[layer].push_back(&t);
   }
-  if (o.target_bpw) report.allocation = allocate_bits(o, *model, quantizer, by_layer, calib);
+  if (o.target_bpw) report.allocation = allocate_bits(o, *model, quantizer, by_layer, calib, cache_key);
 
   // Tensors outside the layers' linears first: embedding, norms, head, biases.
   Progress progress("quantize", model->tensors.size(), "tensors");
@@ -363,11 +411,11 @@ QuantizeReport quantize(const QuantizeOptions& o) {
     progress.advance();
   }
 
-  std::optional<LayerwiseCalibrator> calibrator;
-  if (calib) calibrator.emplace(*model, *calib);
+  std::optional<CachedCalibrator> calibrator;
+  if (calib) calibrator.emplace(*model, *calib, open_calibration_cache(o, cache_key, "quantize", *calib));
   for (auto& [layer, tensors] : by_layer) {
     LayerHessians hessians;
-    if (calibrator) hessians = calibrator->capture(layer);
+    if (calibrator) hessians = calibrator->hessians(layer);
     // The layer's quantized weights replace its dense ones so the next layer calibrates on them.
     std::deque<codec::EncodedTensor> stored;
     for (const model::NamedTensor* t : tensors) {
@@ -377,23 +425,37 @@ QuantizeReport quantize(const QuantizeOptions& o) {
       progress.set_note(t->name);
       stored.push_back(quantizer.encode(*t, calibrator ? &hessians.of(input) : nullptr));
       if (calibrator) {
+        const std::string& codec_id = report.tensors.back().choice.codec;
+        calibrator->stored(t->name, codec_id, stored.back());
         auto* slot = layer_slot(model->layers.at(static_cast<size_t>(layer)), t->name);
-        *slot = kernels::prepare_cpu({&codec::codec_or_throw(report.tensors.back().choice.codec, t->name),
-                                      stored.back().params, t->ref.shape, stored.back().views()});
+        *slot = kernels::prepare_cpu({&codec::codec_or_throw(codec_id, t->name), stored.back().params, t->ref.shape,
+                                      stored.back().views()});
       }
       progress.advance();
     }
-    if (calibrator) calibrator->advance(layer);
+    if (calibrator) calibrator->finish_layer(layer);
   }
   progress.finish();
+  if (calibrator) {
+    report_calibration_cache(o, calibrator->stats(), "quantize");
+    report.calibration_cache = {{"directory", o.calib_cache ? nlohmann::json(o.calib_cache->string()) : nlohmann::json()},
+                                {"layers_reused", calibrator->stats().reused},
+                                {"layers_computed", calibrator->stats().computed},
+                                {"entries_rejected", calibrator->stats().rejected},
+                                {"seconds_saved", calibrator->stats().seconds_saved},
+                                {"seconds_spent", calibrator->stats().seconds_spent}};
+  }
 
   writer.set_config(model::config_to_hf_json(model->config));
   if (const auto mlx = mlx_config(model::config_to_hf_json(model->config), report))
     writer.add_file_contents("config.json", artifact::FileRole::config, mlx->dump(2) + "\n");
   for (const auto& f : tokenizer_files(o)) writer.add_file(f, artifact::FileRole::tokenizer);
+  if (const auto gguf = gguf_tokenizer_source(o))
+    for (const auto& f : model::gguf_tokenizer_files(io::GgufFile::open(*gguf)))
+      writer.add_file_contents(f.name, artifact::FileRole::tokenizer, f.contents);
   artifact::Provenance prov;
   prov.tool = "lowbit " LOWBIT_VERSION;
-  prov.sources = source_files(o.source);
+  prov.sources = sources;
   prov.recipe = o.recipe.to_json();
   if (calib) prov.calibration_sha256 = calib->sha256;
   prov.seeds["quantize"] = o.seed;

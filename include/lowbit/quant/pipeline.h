@@ -23,6 +23,7 @@ struct QuantizeOptions {
   std::optional<std::filesystem::path> calibration;  // none: plain rounding everywhere
   int64_t calib_tokens = 2048;
   int64_t calib_ctx = 512;
+  std::optional<std::filesystem::path> calib_cache;  // --calib-cache DIR (quant/calibration_cache.h)
   std::optional<std::filesystem::path> tokenizer;  // for sources without one beside them; copied into OUT
   bool force = false;
   uint64_t shard_bytes = artifact::kDefaultShardBytes;
@@ -51,6 +52,7 @@ struct QuantizeReport {
   int64_t calibration_tokens = 0;
   bool source_quantized = false;
   nlohmann::json allocation;
+  nlohmann::json calibration_cache;  // layers reused and computed, seconds saved and spent; null without calibration
   nlohmann::json fold;        // the rotation fold's seed, check KLD and deviations, else null  // --target-bpw's budget and per-tensor choices (candidate indices), else null
   double bits_per_weight() const;
   double linear_bits_per_weight() const;
