@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <array>
 
+#include "lowbit/artifact/audio8_bundle.h"
 #include "lowbit/artifact/writer.h"
 #include "lowbit/core/error.h"
 
@@ -12,7 +13,9 @@ namespace lowbit::artifact {
 namespace {
 
 // One row per format; a format's file defines its row (name, recognizer, opener).
-const std::array<ForeignFormat, 0> kFormats = {};
+const ForeignFormat kFormats[] = {
+    {"audio8-mixed-bundle", audio8::recognizes, audio8::open},
+};
 
 TensorBuffer copy_array(const TensorView& view) {
   TensorBuffer out;

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -24,6 +25,8 @@ class ArtifactWriter;
 
 struct ForeignOpenOptions {
   bool verify_hash = true;  // the format's own hash checks (before use and again after loading, where it has them)
+  // Test hook: runs after every record is checked, just before the final "changed while loading" check.
+  std::function<void()> before_recheck = nullptr;
 };
 
 struct ForeignFile {
