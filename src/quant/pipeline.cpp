@@ -257,7 +257,10 @@ void report_calibration_cache(const QuantizeOptions& o, const CalibrationCacheSt
   const std::string dir = o.calib_cache->string();
   const auto layers = static_cast<long long>(s.reused + s.computed);
   const int n = static_cast<int>(pass.size());
-  if (s.computed == 0)
+  if (s.reused == 0 && s.rejected == 0)
+    std::fprintf(stderr, "[quantize] calibration: %lld layers computed (%.*s pass, %.2f s) and stored in cache %s\n",
+                 layers, n, pass.data(), s.seconds_spent, dir.c_str());
+  else if (s.computed == 0)
     std::fprintf(stderr, "[quantize] calibration: reused from cache %s (%.*s pass, %lld of %lld layers), saved %.2f s\n",
                  dir.c_str(), n, pass.data(), static_cast<long long>(s.reused), layers, s.seconds_saved);
   else
