@@ -5,6 +5,7 @@
 #include <array>
 
 #include "lowbit/artifact/audio8_bundle.h"
+#include "lowbit/artifact/phonon.h"
 #include "lowbit/artifact/writer.h"
 #include "lowbit/core/error.h"
 
@@ -15,6 +16,7 @@ namespace {
 // One row per format; a format's file defines its row (name, recognizer, opener).
 const ForeignFormat kFormats[] = {
     {"audio8-mixed-bundle", audio8::recognizes, audio8::open},
+    {phonon::kFormatName, phonon::recognizes, phonon::open},
 };
 
 TensorBuffer copy_array(const TensorView& view) {
