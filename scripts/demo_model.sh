@@ -45,22 +45,19 @@ awk -v bytes="$(stat -c %s "$model")" 'BEGIN { printf "   size: %.1f MB (%d byte
 
 question="What is the capital of France? Answer in one sentence."
 
-# show MODEL [OPTIONS]: a chat answer, generation speed and perplexity, the same lines for every model. OPTIONS
-# (the tokenizer) go to every command; chat also takes the template.
+# show MODEL: a chat answer, generation speed and perplexity, the same lines for every model (each finds its
+# tokenizer and chat template in the model itself).
 show() {
   local m=$1
-  shift
-  local chat_options=("$@")
-  [ $# -gt 0 ] && chat_options+=(--template chatml)
   echo "-- chat (greedy): $question"
-  "$lowbit" chat "$m" -p "$question" --temp 0 -n 64 --ctx 512 "${chat_options[@]}" 2>"$cache/chat.err" | sed 's/^/   /' \
+  "$lowbit" chat "$m" -p "$question" --temp 0 -n 64 --ctx 512 2>"$cache/chat.err" | sed 's/^/   /' \
     || { cat "$cache/chat.err" >&2; exit 1; }
   echo "-- speed: greedy generation of 64 tokens after a short prompt, all cores"
-  "$lowbit" generate "$m" -p "Once upon a time, in a small village by the sea," -n 63 --temp 0 "$@" \
+  "$lowbit" generate "$m" -p "Once upon a time, in a small village by the sea," -n 63 --temp 0 \
     2>"$cache/generate.err" >/dev/null || { cat "$cache/generate.err" >&2; exit 1; }
   sed -n 's/^prefill: \(.*\)$/   prefill \1/p' "$cache/generate.err" | sed 's/; decode: /\n   decode /'
   echo "-- perplexity on $text (ctx 128)"
-  "$lowbit" eval ppl "$m" --text "$text" --ctx 128 --json "$@" 2>"$cache/ppl.err" >"$cache/ppl.json" \
+  "$lowbit" eval ppl "$m" --text "$text" --ctx 128 --json 2>"$cache/ppl.err" >"$cache/ppl.json" \
     || { cat "$cache/ppl.err" >&2; exit 1; }
   python3 -c 'import json, sys; r = json.load(open(sys.argv[1])); print("   ppl %.3f over %d scored tokens" % (r["ppl"], r["tokens"]))' \
     "$cache/ppl.json"
@@ -76,5 +73,5 @@ echo "== lowbit quantize --preset affine4 (plain rounding) -> $quantized"
 "$lowbit" quantize "$model" "$quantized" --preset affine4 --no-calib --force 2>"$cache/quantize.err" | sed 's/^/   /' \
   || { cat "$cache/quantize.err" >&2; exit 1; }
 "$lowbit" verify "$quantized" | sed 's/^/   /'
-# The GGUF's vocabulary and chat template are embedded in it; the artifact borrows them from there.
-show "$quantized" --tokenizer "$model"
+# quantize stored the GGUF's vocabulary (tokenizer.gguf) and chat template (tokenizer_config.json) in the artifact.
+show "$quantized"
