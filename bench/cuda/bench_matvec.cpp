@@ -2,7 +2,8 @@
 // same process. Every timing replays a CUDA graph of `kLaunches` launches that rotate over enough weight copies
 // to exceed L2 (so each launch streams from HBM), and reports the median over replays.
 // Effective GB/s counts the bytes the artifact stores for the weight (codes + scales + biases).
-// Usage: bench_cuda [--json FILE] [--quick]
+// Usage: bench_cuda [--json FILE] [--quick] [--filter SUBSTR]  (only codecs whose name contains SUBSTR; cuBLAS
+// always runs)
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <fmt/format.h>
@@ -133,9 +134,11 @@ Row bench_cublas(int64_t n, int64_t k, int m, std::mt19937_64& rng) {
 
 int main(int argc, char** argv) {
   std::string json_path;
+  std::string filter;
   bool quick = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
+    else if (!std::strcmp(argv[i], "--filter") && i + 1 < argc) filter = argv[++i];
     else if (!std::strcmp(argv[i], "--quick")) quick = true;
   }
   std::string why;
@@ -168,18 +171,29 @@ int main(int argc, char** argv) {
                   static_cast<long long>(r.n), static_cast<long long>(r.k), r.m, r.us, r.gbps, r.bits);
       std::fflush(stdout);
     };
+    auto selected = [&](const Case& c) {
+      if (filter.empty()) return true;
+      for (size_t begin = 0; begin <= filter.size();) {
+        const size_t end = std::min(filter.find(',', begin), filter.size());
+        if (c.name.find(filter.substr(begin, end - begin)) != std::string::npos) return true;
+        begin = end + 1;
+      }
+      return false;
+    };
     for (const auto& [n, k] : shapes) {
       add(bench_cublas(n, k, 1, rng));
-      for (const Case& c : cases) add(bench_codec(c, n, k, 1, rng));
+      for (const Case& c : cases)
+        if (selected(c)) add(bench_codec(c, n, k, 1, rng));
     }
-    // Small batches: time per call relative to batch 1 decides how well batching pays.
+    // Small batches: time per call relative to batch 1 decides how well batching pays (dense bf16, affine4
+    // g128, affine2 g64, trellis2 1MAD).
     const std::vector<int> batches = quick ? std::vector<int>{2, 16} : std::vector<int>{2, 4, 8, 16};
-    for (int m : batches) {
-      add(bench_cublas(14336, 4096, m, rng));
-      add(bench_codec(cases[0], 14336, 4096, m, rng));
-      add(bench_codec(cases[1], 14336, 4096, m, rng));
-      add(bench_codec(cases[6], 14336, 4096, m, rng));
-    }
+    for (const auto& [n, k] : quick ? shapes : std::vector<std::pair<int64_t, int64_t>>{{14336, 4096}, {8192, 28672}})
+      for (int m : batches) {
+        add(bench_cublas(n, k, m, rng));
+        for (const int c : {0, 1, 5, 6})
+          if (selected(cases[c])) add(bench_codec(cases[c], n, k, m, rng));
+      }
     if (!json_path.empty()) {
       FILE* f = std::fopen(json_path.c_str(), "w");
       if (!f) lowbit::fail(lowbit::Errc::io, "[bench_cuda] cannot write {}", json_path);

@@ -95,6 +95,20 @@ TEST_F(CudaMatvec, AffineLargeAlignedShapes) {
   }
 }
 
+// The tensor-core kernel (2/4 bits) splits K over up to 16 warps and unrolls k-blocks: long odd rows cover
+// partial unrolls, padded row tiles and every batch width.
+TEST_F(CudaMatvec, AffineMmaSplitKMatchesDecodeRows) {
+  for (int bits : {2, 4})
+    for (int group : {32, 128}) {
+      const int64_t rows = 45, cols = 9001;
+      const Encoded e = encode("affine", {{"bits", bits}, {"group_size", group}, {"scale_dtype", "bf16"}}, rows, cols, rng);
+      for (int m : {1, 2, 7, 8, 12}) {
+        SCOPED_TRACE(::testing::Message() << bits << " bits, group " << group << ", m " << m);
+        EXPECT_LT(matmul_error(e.ref, m, rng), 2e-5);
+      }
+    }
+}
+
 TEST_F(CudaMatvec, DenseMatchesDecodeRows) {
   std::uniform_int_distribution<int64_t> rows_d(1, 200), cols_d(1, 700);
   for (const char* dt : {"bf16", "f16", "f32"})

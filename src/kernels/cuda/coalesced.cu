@@ -1,4 +1,4 @@
-// Coalesced decode matvec for the bit widths that tile 16 bytes evenly (affine 2/4/8, dense bf16 as 16), batch
+// Coalesced decode matvec for affine 8 bits and dense bf16 (as 16 bits), batch
 // 1..16. Device layout (prepare.cpp): per row, steps of 128 T columns (T = 32 / bits); in step s lane l owns the
 // columns {s 128 T + 128 t + 4 l + u : t < T, u < 4} and their codes are its 16 bytes at offset (s 32 + l) 16,
 // weight t 4 + u at bit (t 4 + u) bits. So a warp-wide 16-byte load of codes reads 512 contiguous bytes, and so
@@ -150,8 +150,6 @@ void launch_coalesced_kernel(const CoalescedDevice& w, const float* x, int m, in
                         w.group > 0 ? w.kpad / w.group : 0, log2, w.meta_type == MetaType::f16,
                         w.meta_type == MetaType::f32};
   switch (w.bits) {
-    case 2: return launch_c<2>(a, w.rows, w.cols, x, m, batch, y, s);
-    case 4: return launch_c<4>(a, w.rows, w.cols, x, m, batch, y, s);
     case 8: return launch_c<8>(a, w.rows, w.cols, x, m, batch, y, s);
     default: return launch_c<16>(a, w.rows, w.cols, x, m, batch, y, s);
   }

@@ -19,7 +19,7 @@ int batch_width(int m, int64_t rows) {
 }  // namespace
 
 void affine_matmul(const AffineDevice& w, const float* x, int m, float* y, Stream s) {
-  const bool bits_ok = w.bits == 2 || w.bits == 3 || w.bits == 4 || w.bits == 8;
+  const bool bits_ok = w.bits == 3;
   const bool group_ok = w.group >= 32 && (w.group & (w.group - 1)) == 0;
   if (!bits_ok || !group_ok || w.kpad % kChunkWeights != 0 || w.kpad % w.group != 0 || w.kpad < w.cols)
     fail(Errc::unsupported, "[cuda affine] {} bits, group {}, padded width {} has no kernel", w.bits, w.group, w.kpad);
@@ -35,12 +35,22 @@ void dense_matmul(const DenseDevice& w, const float* x, int m, float* y, Stream 
 }
 
 void coalesced_matmul(const CoalescedDevice& w, const float* x, int m, float* y, Stream s) {
-  const bool bits_ok = w.bits == 2 || w.bits == 4 || w.bits == 8 || (w.bits == 16 && w.group == 0);
+  const bool bits_ok = w.bits == 8 || (w.bits == 16 && w.group == 0);
   const bool group_ok = w.bits == 16 || (w.group >= 32 && (w.group & (w.group - 1)) == 0 && w.kpad % w.group == 0);
   if (!bits_ok || !group_ok || w.kpad % coalesced_step_cols(w.bits) != 0 || w.kpad < w.cols)
     fail(Errc::unsupported, "[cuda coalesced] {} bits, group {}, padded width {} has no kernel", w.bits, w.group, w.kpad);
   launch_coalesced_kernel(w, x, m, batch_width(m, w.rows), y, s);
   check_last_error("cuda coalesced matmul");
+}
+
+void affine_mma_matmul(const AffineMmaDevice& w, const float* x, int m, float* y, Stream s) {
+  const int64_t kpad = w.kblocks * mma_kblock_cols(w.bits);
+  const bool group_ok = (w.group == 32 || w.group == 64 || w.group == 128) && kpad % w.group == 0;
+  if ((w.bits != 2 && w.bits != 4) || !group_ok || w.row_tiles % (kMmaRows / 16) != 0 || w.row_tiles * 16 < w.rows ||
+      kpad < w.cols)
+    fail(Errc::unsupported, "[cuda affine mma] {} bits, group {}, padded width {} has no kernel", w.bits, w.group, kpad);
+  launch_affine_mma_kernel(w, x, m, batch_width(m, w.row_tiles * 16), y, s);
+  check_last_error("cuda affine mma matmul");
 }
 
 void trellis_matmul(const TrellisDevice& w, const float* x, int m, float* y, Stream s) {

@@ -25,7 +25,7 @@ struct AffineDevice {
   int64_t rows = 0;
   int64_t cols = 0;
   int64_t kpad = 0;
-  int bits = 4;    // 2, 3, 4 or 8
+  int bits = 3;    // 3 (2/4 bits use AffineMmaDevice, 8 bits CoalescedDevice)
   int group = 64;  // 32, 64, 128, 256, ... (a power of two >= 32)
   MetaType meta_type = MetaType::bf16;
 };
@@ -39,7 +39,7 @@ struct DenseDevice {
   MetaType type = MetaType::bf16;  // element type: bf16, f16 or f32
 };
 
-// Coalesced layout (coalesced.cu) for affine 2/4/8 bits (bits = the width, group > 0, meta as AffineDevice)
+// Coalesced layout (coalesced.cu) for affine 8 bits (bits = the width, group > 0, meta as AffineDevice)
 // and dense bf16 (bits = 16, group = 0, no meta). Per row, steps of 128 * (32 / bits) columns; in step s, lane l
 // owns columns {s * 128 * T + 128 t + 4 l + u : t < T = 32 / bits, u < 4} and stores their codes in 16 bytes at
 // byte (s * 32 + l) * 16 of the row, weight 4 t + u at bit (4 t + u) * bits (LSB-first). kpad = cols rounded up
@@ -50,7 +50,7 @@ struct CoalescedDevice {
   int64_t rows = 0;
   int64_t cols = 0;
   int64_t kpad = 0;
-  int bits = 4;   // 2, 4, 8, or 16 for dense bf16
+  int bits = 8;   // 8, or 16 for dense bf16
   int group = 0;  // affine group size (a power of two >= 32), 0 for dense
   MetaType meta_type = MetaType::bf16;
 };
@@ -58,15 +58,42 @@ struct CoalescedDevice {
 // Columns of one coalesced step for a bit width.
 inline int64_t coalesced_step_cols(int bits) { return 128 * (32 / bits); }
 
+// Tensor-core layout (affine_mma.cu) for affine 2/4 bits, every batch 1..16: the codes are the A operands of
+// mma.sync m16n8k16 (bf16) for 16-row tiles, so a lane's one 16-byte load holds its fragments for 16 / bits
+// consecutive k16 steps (a k-block of 256 / bits columns):
+//   codes: [row_tiles][kblocks][32 lanes][4 u32]; lane 4 g + t, k16 step j of the k-block, register i of the
+//          fragment (rows g + 8 (i % 2), columns 2 t + 8 (i / 2) + e for e = 0, 1 of the step) sit in word
+//          j (4 bits) or j / 2 (2 bits), at bits 4 i + 16 e (4 bits) or 2 (4 (j % 2) + i) + 16 e (2 bits);
+//          row_tiles = rows rounded up to kMmaRows, kblocks = cols rounded up to a k-block; padding codes 0.
+//   meta:  [row_tiles][kpad / group][16 rows] (scale, bias): one u32 (bf16 scale low, bf16 bias high) when
+//          meta_f32 is false, else two f32 words; padding zero.
+// Activations are split into bf16 hi + lo parts (x = hi + lo within 2^-17 relative), so results match an f32
+// kernel's accuracy; each code q enters the product as the bf16 128 + q and the 128 is subtracted per group.
+inline constexpr int kMmaRows = 32;  // rows per warp: two 16-row tiles share the activation fragments
+struct AffineMmaDevice {
+  const uint32_t* codes = nullptr;  // 16-byte aligned
+  const uint32_t* meta = nullptr;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  int64_t row_tiles = 0;  // multiple of kMmaRows / 16
+  int64_t kblocks = 0;
+  int bits = 4;     // 2 or 4
+  int group = 64;   // 32, 64 or 128
+  bool meta_f32 = false;
+};
+inline int64_t mma_kblock_cols(int bits) { return 256 / bits; }
+
 // y [m, rows] = x [m, cols] @ W^T, f32. Checks the batch (1 <= m <= kMaxBatch) and the layout, launches on
 // `stream`, and reports a failed launch as Errc::internal.
 void affine_matmul(const AffineDevice& w, const float* x, int m, float* y, CUstream_st* stream);
 void dense_matmul(const DenseDevice& w, const float* x, int m, float* y, CUstream_st* stream);
 void coalesced_matmul(const CoalescedDevice& w, const float* x, int m, float* y, CUstream_st* stream);
+void affine_mma_matmul(const AffineMmaDevice& w, const float* x, int m, float* y, CUstream_st* stream);
 
 // Unchecked launches (matvec.cu); `batch` is the compiled batch width >= m (1, 2, 4, 8 or 16).
 void launch_affine_kernel(const AffineDevice& w, const float* x, int m, int batch, float* y, CUstream_st* stream);
 void launch_dense_kernel(const DenseDevice& w, const float* x, int m, int batch, float* y, CUstream_st* stream);
 void launch_coalesced_kernel(const CoalescedDevice& w, const float* x, int m, int batch, float* y, CUstream_st* stream);
+void launch_affine_mma_kernel(const AffineMmaDevice& w, const float* x, int m, int batch, float* y, CUstream_st* stream);
 
 }  // namespace lowbit::kernels::cuda

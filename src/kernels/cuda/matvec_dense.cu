@@ -3,18 +3,11 @@
 
 namespace lowbit::kernels::cuda {
 
-extern template void launch_affine_bits<2>(const AffineDevice&, const float*, int, int, float*, CUstream_st*);
 extern template void launch_affine_bits<3>(const AffineDevice&, const float*, int, int, float*, CUstream_st*);
-extern template void launch_affine_bits<4>(const AffineDevice&, const float*, int, int, float*, CUstream_st*);
-extern template void launch_affine_bits<8>(const AffineDevice&, const float*, int, int, float*, CUstream_st*);
 
+// The row-chunk kernel serves 3 bits only (2/4 bits run on tensor cores, 8 bits in the coalesced layout).
 void launch_affine_kernel(const AffineDevice& w, const float* x, int m, int batch, float* y, CUstream_st* s) {
-  switch (w.bits) {
-    case 2: return launch_affine_bits<2>(w, x, m, batch, y, s);
-    case 3: return launch_affine_bits<3>(w, x, m, batch, y, s);
-    case 4: return launch_affine_bits<4>(w, x, m, batch, y, s);
-    default: return launch_affine_bits<8>(w, x, m, batch, y, s);
-  }
+  launch_affine_bits<3>(w, x, m, batch, y, s);
 }
 
 void launch_dense_kernel(const DenseDevice& w, const float* x, int m, int batch, float* y, CUstream_st* s) {

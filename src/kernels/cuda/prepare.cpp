@@ -1,7 +1,9 @@
 // The CUDA kernel table, keyed by codec id, and the adapters that upload a stored tensor in its device layout
 // (docs/CUDA.md): rows padded to whole 64-weight chunks, affine scales and biases interleaved so that one load
 // fetches both. Everything else stays as the artifact stores it.
+#include <algorithm>
 #include <array>
+#include <bit>
 #include <cstring>
 #include <vector>
 
@@ -40,6 +42,21 @@ int64_t coalesced_index(int64_t col, int bits) {
   const int64_t step = col / step_cols, rem = col % step_cols;
   const int64_t t = rem / 128, lane = (rem % 128) / 4, u = rem % 4;
   return (step * 32 + lane) * (128 / bits) + t * 4 + u;
+}
+
+// Where code (row, col) sits in the tensor-core layout (AffineMmaDevice in matvec.h): u32 index and bit.
+struct MmaSlot {
+  int64_t word;
+  int bit;
+};
+MmaSlot mma_slot(int64_t row, int64_t col, int bits, int64_t kblocks) {
+  const int64_t kblock_cols = mma_kblock_cols(bits);
+  const int64_t tile = row / 16, kb = col / kblock_cols, in_block = col % kblock_cols;
+  const int r = static_cast<int>(row % 16), step = static_cast<int>(in_block / 16), kc = static_cast<int>(in_block % 16);
+  const int g = r % 8, t = (kc % 8) / 2, e = kc % 2, reg = r / 8 + 2 * (kc / 8);
+  const int word = bits == 4 ? step : step / 2;
+  const int bit = (bits == 4 ? 4 * reg : 2 * (4 * (step % 2) + reg)) + 16 * e;
+  return {((tile * kblocks + kb) * 32 + 4 * g + t) * 4 + word, bit};
 }
 
 MetaType meta_type(DType t) {
@@ -100,6 +117,10 @@ class AffineLinear final : public CudaLinear {
     const codec::affine::Layout l = codec::affine::layout(t.params, t.shape);
     if (l.bits != 2 && l.bits != 3 && l.bits != 4 && l.bits != 8)
       fail(Errc::unsupported, "[prepare_cuda] affine with {} bits has no CUDA kernel", l.bits);
+    if (l.bits == 2 || l.bits == 4) {
+      upload_mma(l, t);
+      return;
+    }
     coalesced_ = l.bits == 8;
     w_.rows = l.rows;
     w_.cols = l.cols;
@@ -118,9 +139,10 @@ class AffineLinear final : public CudaLinear {
     w_.meta = meta_.as<const uint32_t>();
     bytes_ = codes.bytes.size() + t.arrays.at("scales").bytes.size() + t.arrays.at("biases").bytes.size();
   }
-  int64_t rows() const override { return w_.rows; }
-  int64_t cols() const override { return w_.cols; }
+  int64_t rows() const override { return mma_ ? mw_.rows : w_.rows; }
+  int64_t cols() const override { return mma_ ? mw_.cols : w_.cols; }
   void matmul(const float* x, int m, float* y, Stream s) const override {
+    if (mma_) return affine_mma_matmul(mw_, x, m, y, s);
     if (coalesced_)
       return coalesced_matmul({w_.codes, w_.meta, w_.rows, w_.cols, w_.kpad, w_.bits, w_.group, w_.meta_type}, x, m, y, s);
     affine_matmul(w_, x, m, y, s);
@@ -141,6 +163,47 @@ class AffineLinear final : public CudaLinear {
     codes_.upload(staged.data(), codes_.size());
   }
 
+  // 2 and 4 bits: the tensor-core layout (codes as mma A fragments, meta per 16-row tile).
+  void upload_mma(const codec::affine::Layout& l, const codec::TensorRef& t) {
+    mma_ = true;
+    const int64_t kpad = round_up(l.padded_cols, std::max<int64_t>(mma_kblock_cols(l.bits), l.group_size));
+    mw_ = {nullptr, nullptr, l.rows, l.cols, round_up(l.rows, kMmaRows) / 16, kpad / mma_kblock_cols(l.bits),
+           l.bits, static_cast<int>(l.group_size), l.scale_dtype != DType::BF16};
+    const TensorView& codes = t.arrays.at("codes");
+    std::vector<uint32_t> staged(checked_mul(static_cast<uint64_t>(mw_.row_tiles * 16), static_cast<uint64_t>(kpad * l.bits / 32), "[prepare_cuda] codes"));
+    for (int64_t r = 0; r < l.rows; ++r) {
+      const uint32_t* src = codes.as<uint32_t>() + r * l.words_per_row();
+      for (int64_t c = 0; c < l.cols; ++c) {
+        const MmaSlot slot = mma_slot(r, c, l.bits, mw_.kblocks);
+        staged[slot.word] |= codec::affine::read_code(src, c, l.bits) << slot.bit;
+      }
+    }
+    codes_ = DeviceBuffer(staged.size() * sizeof(uint32_t));
+    codes_.upload(staged.data(), codes_.size());
+    mw_.codes = codes_.as<const uint32_t>();
+
+    // [row_tiles][kpad / group][16 rows]: a bf16 (scale, bias) pair in one u32, else two f32 words.
+    const TensorView &scales = t.arrays.at("scales"), &biases = t.arrays.at("biases");
+    const int64_t groups = l.groups_per_row(), device_groups = kpad / l.group_size;
+    const uint64_t entries = checked_mul(static_cast<uint64_t>(mw_.row_tiles * 16), static_cast<uint64_t>(device_groups), "[prepare_cuda] meta");
+    std::vector<uint32_t> meta(checked_mul(entries, mw_.meta_f32 ? 2 : 1, "[prepare_cuda] meta"));
+    for (int64_t r = 0; r < l.rows; ++r)
+      for (int64_t gi = 0; gi < groups; ++gi) {
+        const size_t src = static_cast<size_t>(r * groups + gi);
+        const int64_t dst = ((r / 16) * device_groups + gi) * 16 + r % 16;
+        if (mw_.meta_f32) {
+          meta[2 * dst] = std::bit_cast<uint32_t>(load_float(l.scale_dtype, scales.bytes.data(), src));
+          meta[2 * dst + 1] = std::bit_cast<uint32_t>(load_float(l.scale_dtype, biases.bytes.data(), src));
+        } else {
+          meta[dst] = uint32_t{scales.as<uint16_t>()[src]} | uint32_t{biases.as<uint16_t>()[src]} << 16;
+        }
+      }
+    meta_ = DeviceBuffer(meta.size() * sizeof(uint32_t));
+    meta_.upload(meta.data(), meta_.size());
+    mw_.meta = meta_.as<const uint32_t>();
+    bytes_ = codes.bytes.size() + scales.bytes.size() + biases.bytes.size();
+  }
+
   // meta [rows, kpad / group] (scale, bias) pairs; groups past the stored padding stay zero.
   void upload_meta(const codec::affine::Layout& l, const TensorView& scales, const TensorView& biases) {
     const int64_t groups = l.groups_per_row(), device_groups = w_.kpad / w_.group;
@@ -156,9 +219,9 @@ class AffineLinear final : public CudaLinear {
     meta_.upload(staged.data(), staged.size());
   }
 
-  // 8 bits use the coalesced layout; 2/3/4 the row-chunk one, measured faster for them (docs/PERFORMANCE.md,
-  // run 3: the coalesced kernel's per-4-weight scale handling costs more than it saves below 8 bits).
-  bool coalesced_ = false;
+  // 2/4 bits: tensor-core layout; 8 bits: coalesced layout; 3 bits: row-chunk layout.
+  bool coalesced_ = false, mma_ = false;
+  AffineMmaDevice mw_;
   AffineDevice w_;
   DeviceBuffer codes_, meta_;
   uint64_t bytes_ = 0;
