@@ -352,9 +352,17 @@ class Loader {
   Loader(const fs::path& dir, const Declared& declared)
       : dir_(dir), declared_(declared),
         ckpt_(std::make_shared<io::SafetensorsCheckpoint>(io::SafetensorsCheckpoint::open(dir))) {
-    for (const auto& shard : ckpt_->shards())
+    std::set<std::string> shards;
+    for (const auto& shard : ckpt_->shards()) {
+      shards.insert(shard->file().path().filename().string());
       for (const std::string& name : shard->names()) file_of_[name] = shard->file().path().filename().string();
+    }
     for (const std::string& name : ckpt_->names()) remaining_.insert(name);
+    // The seed loads every *.safetensors file of the directory, so one the checkpoint leaves out is not ignored.
+    for (const auto& entry : fs::directory_iterator(dir))
+      if (entry.path().extension() == ".safetensors" && !shards.contains(entry.path().filename().string()))
+        fail(Errc::format, "[phonon] {}: a weights file outside the checkpoint ({}); every *.safetensors file is loaded",
+             entry.path().string(), ckpt_->shards().size() == 1 ? "model.safetensors" : "model.safetensors.index.json");
   }
 
   void load(const Slot& s, ForeignModel& out) {

@@ -30,10 +30,11 @@ constexpr int64_t kAudioD = 32, kAudioFfn = 64, kDownsample = 4, kMel = 8;
 struct Variant {
   Storage storage = Storage::planes;
   bool slim = false;
-  bool hybrid = false;  // affine embedding (4 bits, group 64) and audio_tower.proj2 (4 bits, group 32)
+  bool hybrid = false;       // affine embedding (4 bits, group 64) and audio_tower.proj2 (4 bits, group 32)
+  bool packed_head = false;  // untied, lm_head packed too (module_count 15 declared)
   std::string label() const {
-    return fmt::format("{}{}{}", storage == Storage::planes ? "planes" : storage == Storage::quint5 ? "quint5" : "trit3",
-                       slim ? "-slim" : "-full", hybrid ? "-hybrid" : "");
+    return fmt::format("{}{}{}{}", storage == Storage::planes ? "planes" : storage == Storage::quint5 ? "quint5" : "trit3",
+                       slim ? "-slim" : "-full", hybrid ? "-hybrid" : "", packed_head ? "-head" : "");
   }
 };
 
@@ -41,6 +42,7 @@ struct Variant {
 struct Fixture {
   json config, manifest;
   std::map<std::string, TensorBuffer> tensors;  // MLX names
+  std::string extra_file;                       // a further safetensors file (holding model.norm.weight) if set
 
   // Text decoder in one shard, audio tower in another, with the index; tokenizer.json beside them.
   void write(const fs::path& dir) const {
@@ -58,6 +60,7 @@ struct Fixture {
       io::write_safetensors(dir / fmt::format("model-0000{}-of-00002.safetensors", s + 1), shards[s]);
     write_text(dir / "model.safetensors.index.json", json{{"metadata", json::object()}, {"weight_map", weight_map}}.dump());
     write_text(dir / "tokenizer.json", tokenizer_json().dump());
+    if (!extra_file.empty()) io::write_safetensors(dir / extra_file, {{"model.norm.weight", tensors.at("model.norm.weight").view()}});
   }
 
   // A byte-level BPE over the 94 printable ASCII characters, space and newline (ids 0..95), no merges.
@@ -91,7 +94,7 @@ class Builder {
                     {{"vocab_size", kVocab}, {"hidden_size", kHidden}, {"intermediate_size", kMlp},
                      {"num_hidden_layers", kLayers}, {"num_attention_heads", kHeads}, {"num_key_value_heads", kKvHeads},
                      {"head_dim", kHeadDim}, {"max_position_embeddings", 256}, {"rope_theta", 1000000.0},
-                     {"rms_norm_eps", 1e-6}, {"tie_word_embeddings", true}}},
+                     {"rms_norm_eps", 1e-6}, {"tie_word_embeddings", !v_.packed_head}}},
                    {"audio_config",
                     {{"num_mel_bins", kMel}, {"encoder_layers", 1}, {"encoder_attention_heads", 2},
                      {"encoder_ffn_dim", kAudioFfn}, {"d_model", kAudioD}, {"output_dim", kHidden},
@@ -164,6 +167,10 @@ class Builder {
       packed(p + "mlp.down_proj", kHidden, kMlp);
     }
     dense("model.norm.weight", {kHidden}, 1.0f);
+    if (v_.packed_head) {
+      packed("lm_head", kVocab, kHidden);
+      f_.manifest["module_count"] = 15;
+    }
   }
   void audio() {
     const std::string a = "audio_tower.";
@@ -210,7 +217,7 @@ const Fixture& fixture(const Variant& v) {
 
 const Variant kVariants[] = {
     {Storage::planes, false, false}, {Storage::planes, true, false}, {Storage::quint5, false, false},
-    {Storage::quint5, true, true},   {Storage::trit3, false, true},  {Storage::trit3, true, false},
+    {Storage::quint5, true, true},   {Storage::trit3, false, true},  {Storage::trit3, true, false, true},
 };
 
 // ---- Opening every variant -----------------------------------------------------------------------------------
@@ -229,8 +236,8 @@ TEST(Phonon, EveryVariantOpensWithHfNamesAndTheAudioTowerReported) {
     EXPECT_EQ(m.config["model_type"], "qwen3");
     EXPECT_EQ(m.config["hidden_size"], kHidden);
     EXPECT_EQ(m.config["hidden_act"], "silu");  // an mlx_audio default the config left out
-    ASSERT_EQ(m.aliases.size(), 1u);
-    EXPECT_EQ(m.aliases[0].first, "lm_head.weight");
+    ASSERT_EQ(m.aliases.size(), v.packed_head ? 0u : 1u);
+    if (!v.packed_head) EXPECT_EQ(m.aliases[0].first, "lm_head.weight");
     std::map<std::string, const codec::TensorRef*> by_name;
     for (const auto& [name, ref] : m.tensors) by_name[name] = &ref;
     const auto* q = by_name.at("model.layers.1.self_attn.q_proj.weight");
@@ -242,7 +249,8 @@ TEST(Phonon, EveryVariantOpensWithHfNamesAndTheAudioTowerReported) {
     // One tensor per stored array, except that a packed module's code and metadata arrays (2 + 4, 1 + 4, 2 + 2
     // or 1 + 2) and an affine module's three arrays are one tensor each.
     const size_t per_packed = (v.storage == Storage::planes ? 2u : 1u) + (v.slim ? 2u : 4u);
-    EXPECT_EQ(m.tensors.size(), fixture(v).tensors.size() - 14u * (per_packed - 1) - (v.hybrid ? 4u : 0u));
+    const size_t packed = v.packed_head ? 15u : 14u;
+    EXPECT_EQ(m.tensors.size(), fixture(v).tensors.size() - packed * (per_packed - 1) - (v.hybrid ? 4u : 0u));
   }
 }
 
@@ -358,6 +366,9 @@ std::vector<Rule> rules() {
       {"left_over_full_metadata_in_slim", quint5,
        [](Fixture& f) { f.tensors[kQ + ".base_scales"] = make_buffer(DType::BF16, {128, 1}); }, Errc::format,
        "tensor '" + kQ + ".base_scales' is not a parameter", s1},
+      {"stray_weights_file", planes,
+       [](Fixture& f) { f.extra_file = "extra.safetensors"; }, Errc::format,
+       "a weights file outside the checkpoint (model.safetensors.index.json)", "extra.safetensors"},
       {"code_dtype", planes,
        [](Fixture& f) { f.tensors[kQ + ".base_q"].dtype = DType::I32; }, Errc::dtype,
        "tensor '" + kQ + ".base_q' has dtype I32, expected U32", s1},
@@ -477,8 +488,8 @@ TEST(Phonon, ImportIsBitExact) {
         EXPECT_EQ(std::memcmp(got.bytes.data(), want.bytes.data(), want.bytes.size()), 0) << name;
       }
     }
-    EXPECT_FALSE(a.contains("lm_head.weight"));
-    EXPECT_EQ(a.config()["tie_word_embeddings"], true);
+    EXPECT_EQ(a.contains("lm_head.weight"), v.packed_head);
+    EXPECT_EQ(a.config()["tie_word_embeddings"], !v.packed_head);
     EXPECT_EQ(a.provenance().recipe["format"], phonon::kFormatName);
     EXPECT_EQ(a.provenance().sources.size(), 5u);  // config, manifest, index, two shards
     EXPECT_TRUE(fs::exists(a.file_path("tokenizer.json")));
@@ -516,6 +527,10 @@ TEST(PhononCli, VerifyInspectAndImport) {
   EXPECT_EQ(doc["format"], phonon::kFormatName);
   EXPECT_EQ(doc["unsupported"], json::array({"audio_tower"}));
   EXPECT_EQ(doc["config"]["model_type"], "qwen3");
+  const Result table = run_cli({"inspect", dir});
+  ASSERT_EQ(table.status, 0) << table.err;
+  EXPECT_NE(table.out.find("two_plane"), std::string::npos) << table.out;
+  EXPECT_NE(table.out.find("not run by lowbit: audio_tower"), std::string::npos) << table.out;
   const Result imported = run_cli({"import", dir, art});
   ASSERT_EQ(imported.status, 0) << imported.err;
   EXPECT_NE(imported.err.find("'audio_tower' is copied but not run"), std::string::npos) << imported.err;
@@ -528,7 +543,7 @@ TEST(PhononCli, VerifyInspectAndImport) {
 
 // A Qwen3-shaped decoder in Phonon layout generates the same greedy tokens as its lowbit import.
 TEST(PhononCli, GeneratesTheSameTokensAsItsImport) {
-  for (const Variant& v : {Variant{}, Variant{Storage::trit3, false, true}}) {
+  for (const Variant& v : {Variant{}, Variant{Storage::trit3, true, true, true}}) {
     SCOPED_TRACE(v.label());
     TempDir tmp;
     const std::string dir = (tmp / "p").string(), art = (tmp / "a").string();
