@@ -170,10 +170,25 @@ struct Stage {
   }
 };
 
+// Pulls the activations of a stage's k-blocks into L1 (128-byte lines, at most 64 per stage: W rows x 4 lines)
+// one stage ahead: a warp's K share is its own, so without this most x loads would wait on L2 in the decode.
+template <int B, int W, int U>
+__device__ __forceinline__ void prefetch_x(const MmaArgs& a, const float* x, int m, int64_t kb0, int lane) {
+  constexpr int kLines = U * (256 / B) / 32;  // 128-byte lines per activation row and stage
+  static_assert(kLines * W <= 64);
+  const int64_t k0 = kb0 * (256 / B);
+#pragma unroll
+  for (int l = lane; l < kLines * W; l += 32) {
+    const int row = l / kLines;
+    const int64_t k = k0 + 32 * (l % kLines);
+    if (row < m && k < a.cols) asm volatile("prefetch.global.L1 [%0];" ::"l"(x + row * a.cols + k));
+  }
+}
+
 // acc += the stage's k-blocks times x, for both tiles and every n-tile.
 template <int B, int W, int U>
 __device__ __forceinline__ void compute_stage(const MmaArgs& a, const Stage<B, U>& st, int64_t kb0,
-                                              const float* __restrict__ x, int m, int g, int t, int seg_steps,
+                                              const float* __restrict__ x, int m, int g, int t, int seg_log2,
                                               float (&acc)[kTiles][Batch<W>::NT][4]) {
   constexpr int NT = Batch<W>::NT;
   constexpr int S = 16 / B;   // k16 steps per k-block
@@ -205,8 +220,8 @@ __device__ __forceinline__ void compute_stage(const MmaArgs& a, const Stage<B, U
 #pragma unroll
         for (int n = 0; n < NT; ++n) mma_bf16(c[r][n], af, bf[n]);
       }
-      if ((j + 1) % seg_steps == 0) {  // end of a group segment: scale and clear
-        const int seg = j / seg_steps;
+      if (((j + 1) & ((1 << seg_log2) - 1)) == 0) {  // end of a group segment: scale and clear
+        const int seg = j >> seg_log2;
 #pragma unroll
         for (int r = 0; r < kTiles; ++r) {
           const float2 m0 = st.meta[u][r].get(a, seg, g), m1 = st.meta[u][r].get(a, seg, g + 8);
@@ -233,12 +248,11 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1)
     affine_mma_kernel(MmaArgs a, const float* __restrict__ x, int m, float* __restrict__ y) {
   using Bt = Batch<W>;
   constexpr int NT = Bt::NT, U = unroll<B, W>();
-  constexpr int KB = 256 / B;
+  constexpr int KB_LOG2 = B == 2 ? 7 : 6;  // log2 of the k-block's 256 / B columns
   const int warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   const int64_t tile0 = static_cast<int64_t>(blockIdx.x) * kTiles;
-  const int group = 1 << a.group_log2;
-  const int seg_steps = (group < KB ? group : KB) / 16;  // k16 steps per group segment
+  const int seg_log2 = (a.group_log2 < KB_LOG2 ? a.group_log2 : KB_LOG2) - 4;  // log2 k16 steps per group segment
 
   float acc[kTiles][NT][4];
 #pragma unroll
@@ -252,10 +266,16 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1)
   // Two stages: the next stage's loads are in flight while this one decodes.
   Stage<B, U> cur, nxt;
   int64_t kb0 = static_cast<int64_t>(warp) * U;
-  if (kb0 < a.kblocks) cur.load(a, tile0, kb0, lane);
+  if (kb0 < a.kblocks) {
+    cur.load(a, tile0, kb0, lane);
+    prefetch_x<B, W, U>(a, x, m, kb0, lane);
+  }
   for (; kb0 < a.kblocks; kb0 += stride) {
-    if (kb0 + stride < a.kblocks) nxt.load(a, tile0, kb0 + stride, lane);
-    compute_stage<B, W, U>(a, cur, kb0, x, m, g, t, seg_steps, acc);
+    if (kb0 + stride < a.kblocks) {
+      nxt.load(a, tile0, kb0 + stride, lane);
+      prefetch_x<B, W, U>(a, x, m, kb0 + stride, lane);
+    }
+    compute_stage<B, W, U>(a, cur, kb0, x, m, g, t, seg_log2, acc);
     cur = nxt;
   }
 
