@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/block_kernels.h"
 #include "kernels/cpu/simd.h"
 #include "lowbit/codec/codec.h"
 #include "lowbit/core/thread_pool.h"
@@ -55,6 +56,11 @@ size_t llc_bytes() {
 size_t working_set_bytes() { return std::max(2 * llc_bytes(), size_t{512} << 20); }
 
 double g_read_gbps = 0.0;
+
+// The dispatched Highway targets: the shared SIMD helpers' and the row-block kernels' (which also build AVX3_DL).
+std::string target_label() {
+  return std::string(lowbit::kernels::simd::target_name()) + "/" + lowbit::kernels::block_target_name();
+}
 
 // Sums a buffer larger than the LLC on every core of the default pool.
 void BM_ReadBandwidth(benchmark::State& state) {
@@ -133,7 +139,7 @@ void BM_Matvec(benchmark::State& state, const lowbit::codec::Codec* codec, Param
   state.counters["GB/s"] = gbps;
   state.counters["of_read_bw"] = g_read_gbps > 0 ? gbps / g_read_gbps : 0.0;
   state.counters["bits/w"] = lowbit::codec::bits_per_weight(*codec, copies.tensors[0].params, {rows, cols});
-  state.SetLabel(lowbit::kernels::simd::target_name());
+  state.SetLabel(target_label());
 }
 
 // The compute ceiling: one thread on one copy of a [1024 x 4096] weight that stays in cache; GB/s of weight
@@ -151,7 +157,7 @@ void BM_MatvecHot(benchmark::State& state, const lowbit::codec::Codec* codec, Pa
   }
   state.counters["GB/s"] = benchmark::Counter(static_cast<double>(kernel->weight_bytes()) / 1e9,
                                               benchmark::Counter::kIsIterationInvariantRate);
-  state.SetLabel(lowbit::kernels::simd::target_name());
+  state.SetLabel(target_label());
 }
 
 }  // namespace

@@ -10,8 +10,12 @@
 #include <string>
 #include <vector>
 
+#ifndef HWY_WANT_AVX3_DL
+#define HWY_WANT_AVX3_DL  // iterate the AVX-512 VNNI target the block kernels compile too
+#endif
 #include <hwy/targets.h>
 
+#include "kernels/cpu/block_kernels.h"
 #include "kernels/cpu/simd.h"
 #include "lowbit/codec/codec.h"
 #include "lowbit/core/error.h"
@@ -172,6 +176,8 @@ TEST(Kernels, EveryCodecMatchesFp64ReferenceOfItsDecoder) {
   std::mt19937 rng(1234);
   for (const int64_t target : hwy::SupportedAndGeneratedTargets()) {
     hwy::SetSupportedTargetsForTest(target);
+    // The row-block kernels compile every target this test iterates (AVX3_DL included): each is really run.
+    EXPECT_STREQ(block_target_name(), hwy::TargetName(target));
     expect_every_codec_matches(pool, rng);
   }
   hwy::SetSupportedTargetsForTest(0);

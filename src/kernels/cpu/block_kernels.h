@@ -1,0 +1,88 @@
+// The "row block" kernel layout shared by the affine, offset_scale and two_plane CPU kernels, and the kernels
+// over it (batch-1 matvec on integer dot products, batched matmul on decoded tiles, row gather).
+//
+// Layout: rows in blocks of kBlockRows = 16 (the last block padded with zero rows), and per block and weight
+// group g one record holding the 16 rows' codes of the group, then the group's metadata for the 16 rows:
+//   for each 32-column chunk of the group, for each plane (lo, then hi), for each of the plane's `width` words
+//   per row and chunk: 16 uint32 words, one per row of the block (64 bytes);
+//   then the metadata slots, each 16 values of meta_dtype (one per row).
+// So a thread that owns a range of blocks reads one sequential stream (codes and metadata interleaved), and a
+// 64-byte load holds one word of each of 16 rows. Within a plane of width p (1, 2, 4 or 8 bits), field f of byte
+// b of word j of a chunk holds column 4 (j 8/p + f) + b: "extraction" k = j 8/p + f (a shift and a mask) gives
+// each row's codes of columns 4k .. 4k + 3 of the chunk in its four bytes, in column order.
+//
+// Batch-1 matvec multiplies those bytes with the activations as integers (AVX-512 VNNI vpdpbusd: 64 weights per
+// instruction, no int-to-float conversion per weight). The activations are quantized per group to 22-bit
+// integers X = x 2^e (one exponent per group, e from the group's largest |x|), as three signed 8-bit digits
+// X = d2 2^16 + d1 2^8 + d0; per group and row the three integer dot products are combined in f32 and scaled
+// by scale 2^-e. The rounding of x (at most 2^-23 of the group's largest |x|) is below f32's own accumulation
+// error, so results match an f32 kernel to within the test's fp64 tolerance.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include <hwy/aligned_allocator.h>
+
+#include "lowbit/core/dtype.h"
+#include "lowbit/kernels/cpu.h"
+
+namespace lowbit::kernels {
+
+inline constexpr int64_t kBlockRows = 16;
+
+// What a group's metadata slots hold, and how a weight follows from its code q = lo | hi << lo_bits:
+enum class BlockMeta {
+  scale_bias,    // {scale, bias}:          w = scale q + bias                        (affine)
+  scale_offset,  // {scale}:                w = scale (q - offset)                    (offset_scale)
+  two_scales,    // {scale0, scale1, bias}: w = scale0 lo + scale1 hi + bias, planes apart (two_plane)
+};
+
+struct BlockMatrix {
+  int lo_bits = 0;  // 1, 2, 4 or 8
+  int hi_bits = 0;  // 0, 1, 2 (code = lo | hi << lo_bits), or the second plane's width for two_scales
+  BlockMeta meta = BlockMeta::scale_bias;
+  DType meta_dtype = DType::F32;  // F32, F16 or BF16
+  float offset = 0.0f;            // scale_offset
+  int64_t rows = 0, cols = 0, padded_cols = 0, group_size = 0;  // group_size: 32, 64 or 128
+  hwy::AlignedFreeUniquePtr<uint8_t[]> records;                // [blocks, groups, record_bytes()], 64-aligned
+
+  // Allocates zeroed records; throws Errc::internal on an unsupported shape.
+  BlockMatrix(int lo_bits, int hi_bits, BlockMeta meta, DType meta_dtype, int64_t rows, int64_t cols,
+              int64_t padded_cols, int64_t group_size);
+
+  int64_t blocks() const { return (rows + kBlockRows - 1) / kBlockRows; }
+  int64_t groups() const { return padded_cols / group_size; }
+  int meta_slots() const { return meta == BlockMeta::scale_offset ? 1 : meta == BlockMeta::scale_bias ? 2 : 3; }
+  int64_t code_bytes() const { return group_size / 32 * (lo_bits + hi_bits) * 64; }
+  int64_t record_bytes() const { return code_bytes() + meta_slots() * kBlockRows * int64_t(dtype_size(meta_dtype)); }
+  uint64_t bytes() const { return uint64_t(blocks()) * uint64_t(groups()) * uint64_t(record_bytes()); }
+  uint8_t* record(int64_t block, int64_t g) { return records.get() + (block * groups() + g) * record_bytes(); }
+  const uint8_t* record(int64_t block, int64_t g) const {
+    return records.get() + (block * groups() + g) * record_bytes();
+  }
+
+  // Sets the codes of row r, column c (records start zeroed; each code is set once).
+  void set_code(int64_t r, int64_t c, uint32_t lo, uint32_t hi);
+  // Sets metadata slot `slot` of row r, group g from one value of meta_dtype.
+  void set_meta(int64_t r, int64_t g, int slot, const std::byte* value);
+  // Weight (r, c) as f32, the way the batched path decodes it.
+  float weight(int64_t r, int64_t c) const;
+};
+
+// The activations of one matvec call, quantized per group (internal to the kernels).
+struct BlockActivations {
+  const uint32_t* digits;  // [padded_cols / 4][3]: digit t of columns 4i .. 4i + 3 in word 3i + t
+  const float* factor;     // [groups] 2^-e
+  const float* bias_x;     // [groups] what the bias slot multiplies: sum of x (times -offset for scale_offset)
+};
+
+// Name of the Highway target the block kernels dispatch to ("AVX3_DL", "AVX2", ...).
+const char* block_target_name();
+
+// The CPU linear over a block matrix; weight_bytes() reports `stored_bytes` (the artifact's bytes for the
+// weight, which the records mirror apart from the padding rows).
+std::unique_ptr<CpuLinear> make_block_linear(BlockMatrix matrix, uint64_t stored_bytes);
+
+}  // namespace lowbit::kernels
