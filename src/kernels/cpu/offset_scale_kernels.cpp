@@ -1,8 +1,8 @@
 #include "kernels/cpu/offset_scale_kernels.h"
 
-#include <vector>
+#include <algorithm>
 
-#include "kernels/cpu/lut_kernels.h"
+#include "kernels/cpu/block_kernels.h"
 #include "lowbit/codec/offset_scale.h"
 #include "lowbit/core/thread_pool.h"
 
@@ -11,21 +11,25 @@ namespace lowbit::kernels {
 std::unique_ptr<CpuLinear> prepare_offset_scale(const codec::TensorRef& tensor) {
   namespace os = codec::offset_scale;
   const os::Layout l = os::layout(tensor.params, tensor.shape);
-  LutMatrix m(l.grid.bits == 3 ? LutKind::offset_scale3 : LutKind::offset_scale4, l.rows, l.cols,
-                   l.padded_cols, -static_cast<float>(l.grid.offset));
-  const auto* codes = tensor.arrays.at("codes").as<uint8_t>();
-  const auto* scales = tensor.arrays.at("scales").as<uint16_t>();
-  default_pool().parallel_for(static_cast<size_t>(l.rows), 64, [&](size_t r0, size_t r1) {
-    std::vector<uint8_t> row(static_cast<size_t>(l.padded_cols));  // one row of codes: the bounded scratch
-    for (auto r = static_cast<int64_t>(r0); r < static_cast<int64_t>(r1); ++r) {
-      for (int64_t c = 0; c < l.padded_cols; ++c)
-        row[c] = static_cast<uint8_t>(os::read_code(codes + r * l.row_bytes(), c, l.grid.bits));
-      m.set_codes(r, row.data());
+  const int lo_bits = l.grid.bits == 3 ? 2 : 4;
+  BlockMatrix m(lo_bits, l.grid.bits - lo_bits, BlockMeta::scale_offset, DType::F16, l.rows, l.cols, l.padded_cols,
+                os::kGroupSize);
+  m.offset = static_cast<float>(l.grid.offset);
+  const TensorView &codes = tensor.arrays.at("codes"), &scales = tensor.arrays.at("scales");
+  const uint32_t lo_mask = (1u << lo_bits) - 1u;
+  default_pool().parallel_for(static_cast<size_t>(m.blocks()), 16, [&](size_t b0, size_t b1) {
+    const int64_t r1 = std::min(l.rows, static_cast<int64_t>(b1) * kBlockRows);
+    for (int64_t r = static_cast<int64_t>(b0) * kBlockRows; r < r1; ++r) {
+      const uint8_t* row = codes.as<uint8_t>() + r * l.row_bytes();
+      for (int64_t c = 0; c < l.padded_cols; ++c) {
+        const uint32_t q = os::read_code(row, c, l.grid.bits);
+        m.set_code(r, c, q & lo_mask, q >> lo_bits);
+      }
       for (int64_t g = 0; g < l.groups_per_row(); ++g)
-        m.set_meta(r, g, 0, f16_to_f32(scales[r * l.groups_per_row() + g]));
+        m.set_meta(r, g, 0, scales.bytes.data() + static_cast<size_t>(r * l.groups_per_row() + g) * 2);
     }
   });
-  return make_lut_linear(std::move(m));
+  return make_block_linear(std::move(m), codes.bytes.size() + scales.bytes.size());
 }
 
 }  // namespace lowbit::kernels

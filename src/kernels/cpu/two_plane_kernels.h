@@ -1,7 +1,7 @@
 // CPU kernels for the two_plane codec (lowbit/codec/two_plane.h): whatever the storage (planes, quint5, trit3)
-// and metadata (full, slim), prepare decodes one row at a time into the table-lookup layout of lut_kernels.h,
-// one 4-bit code base | residual << 2 per weight and f32 {base scale, residual scale, base bias + residual bias}
-// per group of 128, so one kernel pass computes base + residual.
+// and metadata (full, slim), prepare decodes one row at a time into the row-block layout of block_kernels.h:
+// the base and residual 2-bit planes side by side and f32 {base scale, residual scale, base bias + residual
+// bias} per group of 128, so one kernel pass computes base + residual.
 #pragma once
 
 #include <memory>
