@@ -81,22 +81,27 @@ struct Case {
   lowbit::codec::Params params;
 };
 
-Row bench_codec(const Case& c, int64_t n, int64_t k, int m, std::mt19937_64& rng) {
+// One row per batch size in `ms`; the weight copies are prepared once for all of them.
+std::vector<Row> bench_codec(const Case& c, int64_t n, int64_t k, const std::vector<int>& ms, std::mt19937_64& rng) {
   const lowbit::testing::RandomTensor host = lowbit::testing::random_tensor(c.id, c.params, n, k, rng);
   const uint64_t bytes = lowbit::codec::bits_per_weight(*host.ref.codec, host.ref.params, host.ref.shape) * n * k / 8;
   const int copies = static_cast<int>(std::clamp<uint64_t>(kRotationBytes / bytes + 1, 2, kLaunches));
   std::vector<std::unique_ptr<lc::CudaLinear>> ws;
   for (int i = 0; i < copies; ++i) ws.push_back(lc::prepare_cuda(host.ref));
-  std::normal_distribution<float> nd;
-  std::vector<float> x(static_cast<size_t>(m * k));
-  for (float& v : x) v = nd(rng);
-  lc::DeviceBuffer dx(x.size() * 4), dy(static_cast<size_t>(m * n) * 4);
-  dx.upload(x.data(), dx.size());
-  const double us = time_graph([&](int i, cudaStream_t s) {
-    ws[i % copies]->matmul(dx.as<const float>(), m, dy.as<float>(), s);
-  });
-  return {c.name, n, k, m, us, static_cast<double>(ws[0]->weight_bytes()) / us / 1e3,
-          8.0 * ws[0]->weight_bytes() / (n * k)};
+  std::vector<Row> rows;
+  for (const int m : ms) {
+    std::normal_distribution<float> nd;
+    std::vector<float> x(static_cast<size_t>(m * k));
+    for (float& v : x) v = nd(rng);
+    lc::DeviceBuffer dx(x.size() * 4), dy(static_cast<size_t>(m * n) * 4);
+    dx.upload(x.data(), dx.size());
+    const double us = time_graph([&](int i, cudaStream_t s) {
+      ws[i % copies]->matmul(dx.as<const float>(), m, dy.as<float>(), s);
+    });
+    rows.push_back({c.name, n, k, m, us, static_cast<double>(ws[0]->weight_bytes()) / us / 1e3,
+                    8.0 * ws[0]->weight_bytes() / (n * k)});
+  }
+  return rows;
 }
 
 // cuBLAS bf16 GEMV-shaped GEMM (y [m, n] = x [m, k] @ W^T), timed the same way.
@@ -183,17 +188,19 @@ int main(int argc, char** argv) {
     for (const auto& [n, k] : shapes) {
       add(bench_cublas(n, k, 1, rng));
       for (const Case& c : cases)
-        if (selected(c)) add(bench_codec(c, n, k, 1, rng));
+        if (selected(c))
+          for (const Row& r : bench_codec(c, n, k, {1}, rng)) add(r);
     }
     // Small batches: time per call relative to batch 1 decides how well batching pays (dense bf16, affine4
     // g128, affine2 g64, trellis2 1MAD).
     const std::vector<int> batches = quick ? std::vector<int>{2, 16} : std::vector<int>{2, 4, 8, 16};
-    for (const auto& [n, k] : quick ? shapes : std::vector<std::pair<int64_t, int64_t>>{{14336, 4096}, {8192, 28672}})
-      for (int m : batches) {
-        add(bench_cublas(n, k, m, rng));
-        for (const int c : {0, 1, 5, 6})
-          if (selected(cases[c])) add(bench_codec(cases[c], n, k, m, rng));
-      }
+    const auto batch_shapes = quick ? shapes : std::vector<std::pair<int64_t, int64_t>>{{14336, 4096}, {8192, 28672}};
+    for (const auto& [n, k] : batch_shapes) {
+      for (int m : batches) add(bench_cublas(n, k, m, rng));
+      for (const int c : {0, 1, 5, 6})
+        if (selected(cases[c]))
+          for (const Row& r : bench_codec(cases[c], n, k, batches, rng)) add(r);
+    }
     if (!json_path.empty()) {
       FILE* f = std::fopen(json_path.c_str(), "w");
       if (!f) lowbit::fail(lowbit::Errc::io, "[bench_cuda] cannot write {}", json_path);
