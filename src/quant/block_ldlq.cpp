@@ -6,6 +6,7 @@
 #include "lowbit/codec/trellis.h"
 #include "lowbit/core/error.h"
 #include "lowbit/core/thread_pool.h"
+#include "quant/linalg.h"
 
 namespace lowbit::quant {
 
@@ -22,25 +23,24 @@ void rotate_rows(std::vector<float>& m, int64_t n, const codec::hadamard::Random
   });
 }
 
-std::vector<float> transposed(const std::vector<float>& m, int64_t n) {
-  std::vector<float> t(m.size());
-  for (int64_t i = 0; i < n; ++i)
-    for (int64_t j = 0; j < n; ++j) t[j * n + i] = m[i * n + j];
-  return t;
-}
-
-// X = inv(U_BB) U_B,later for the 16 columns of block b: the map from a block's scaled error to the update of
-// the later columns. U_BB is upper triangular, so back substitution per later column.
-std::vector<double> block_feedback(const std::vector<double>& u, int64_t n, int64_t b0, int64_t b1) {
+// X^T for X = inv(U_BB) U_B,later [16, later] of the 16 columns of block b: the map from a block's error to the
+// update of the later columns, transposed ([later, 16]) as the product's weight. U_BB is upper triangular, so
+// back substitution per later column.
+std::vector<float> feedback_transposed(const std::vector<double>& u, int64_t n, int64_t b0, int64_t b1) {
   const int64_t later = n - b1, bs = b1 - b0;
-  std::vector<double> x(static_cast<size_t>(bs * later));
-  for (int64_t j = 0; j < later; ++j)
-    for (int64_t i = bs - 1; i >= 0; --i) {
-      double s = u[(b0 + i) * n + b1 + j];
-      for (int64_t k = i + 1; k < bs; ++k) s -= u[(b0 + i) * n + b0 + k] * x[k * later + j];
-      x[i * later + j] = s / u[(b0 + i) * n + b0 + i];
+  std::vector<float> xt(static_cast<size_t>(later * bs));
+  default_pool().parallel_for(static_cast<size_t>(later), 64, [&](size_t j0, size_t j1) {
+    std::vector<double> x(static_cast<size_t>(bs));
+    for (auto j = static_cast<int64_t>(j0); j < static_cast<int64_t>(j1); ++j) {
+      for (int64_t i = bs - 1; i >= 0; --i) {
+        double s = u[(b0 + i) * n + b1 + j];
+        for (int64_t k = i + 1; k < bs; ++k) s -= u[(b0 + i) * n + b0 + k] * x[k];
+        x[i] = s / u[(b0 + i) * n + b0 + i];
+      }
+      for (int64_t i = 0; i < bs; ++i) xt[j * bs + i] = static_cast<float>(x[i]);
     }
-  return x;
+  });
+  return xt;
 }
 
 }  // namespace
@@ -69,7 +69,7 @@ RoundingResult block_ldlq_quantize(const codec::Params& params, const Shape& sha
     const codec::hadamard::RandomizedHadamard rot(pc, lay.input_seed);
     rotate_rows(wp, pc, rot);
     rotate_rows(hp, pc, rot);  // H R^T
-    hp = transposed(hp, pc);   // R H (H symmetric)
+    hp = transpose(hp.data(), pc, pc, pc);  // R H (H symmetric)
     rotate_rows(hp, pc, rot);  // R H R^T
   }
   const std::vector<double> u = damped_inverse_factor(std::vector<double>(hp.begin(), hp.end()), pc, options.damp);
@@ -104,19 +104,14 @@ RoundingResult block_ldlq_quantize(const codec::Params& params, const Shape& sha
       }
     });
     if (b1 >= pc) break;
-    // W'[:, b1:] -= E [pr, 16] @ inv(U_BB) U_B,later
-    const std::vector<double> x = block_feedback(u, pc, b0, b1);
+    // W'[:, b1:] -= E [pr, 16] @ X, X = inv(U_BB) U_B,later [16, later]: one product through the dense kernel.
     const int64_t later = pc - b1;
-    default_pool().parallel_for(static_cast<size_t>(pr), 8, [&](size_t r0, size_t r1) {
-      for (size_t r = r0; r < r1; ++r) {
-        float* wr = wp.data() + r * pc + b1;
-        for (int64_t k = 0; k < kTileDim; ++k) {
-          const double e = err[r * kTileDim + k];
-          if (e == 0) continue;
-          const double* xk = x.data() + k * later;
-          for (int64_t j = 0; j < later; ++j) wr[j] -= static_cast<float>(e * xk[j]);
-        }
-      }
+    const std::vector<float> xt = feedback_transposed(u, pc, b0, b1);  // X^T [later, 16]
+    std::vector<float> upd(static_cast<size_t>(pr * later));
+    matmul_nt(err.data(), pr, kTileDim, xt.data(), later, upd.data());
+    default_pool().parallel_for(static_cast<size_t>(pr), 16, [&](size_t r0, size_t r1) {
+      for (size_t r = r0; r < r1; ++r)
+        for (int64_t j = 0; j < later; ++j) wp[r * pc + b1 + j] -= upd[r * later + j];
     });
   }
 

@@ -5,55 +5,45 @@
 
 #include "lowbit/core/error.h"
 #include "lowbit/core/thread_pool.h"
+#include "quant/linalg.h"
 
 namespace lowbit::quant {
 
 namespace {
 
-// In-place lower Cholesky factor of a symmetric positive definite matrix A (n x n): A = L L^T.
-bool cholesky_lower(std::vector<double>& a, int64_t n) {
-  for (int64_t j = 0; j < n; ++j) {
-    double d = a[j * n + j];
-    for (int64_t k = 0; k < j; ++k) d -= a[j * n + k] * a[j * n + k];
-    if (!(d > 0)) return false;
-    const double ljj = std::sqrt(d);
-    a[j * n + j] = ljj;
-    for (int64_t i = j + 1; i < n; ++i) {
-      double s = a[i * n + j];
-      for (int64_t k = 0; k < j; ++k) s -= a[i * n + k] * a[j * n + k];
-      a[i * n + j] = s / ljj;
-    }
-    for (int64_t k = j + 1; k < n; ++k) a[j * n + k] = 0;
-  }
-  return true;
+// Group width of a codec whose per-group parameters GPTQ may choose itself (normalized params with a
+// "group_size" that divides the width); 0 keeps the grid encode() chose for the whole tensor.
+int64_t regrid_width(const codec::Params& stored, int64_t cols) {
+  if (!stored.is_object() || !stored.contains("group_size") || !stored["group_size"].is_number_integer()) return 0;
+  const int64_t g = stored["group_size"].get<int64_t>();
+  return g > 0 && cols % g == 0 ? g : 0;
 }
 
-// The upper Cholesky factor U of H^-1 (H^-1 = U^T U), which GPTQ's error feedback uses row by row.
-std::vector<double> inverse_hessian_factor(std::vector<double> h, int64_t n) {
-  if (!cholesky_lower(h, n)) fail(Errc::internal, "[gptq] damped Hessian is not positive definite");
-  // Linv = L^-1 (lower), by forward substitution column by column.
-  std::vector<double> linv(n * n, 0.0);
-  for (int64_t c = 0; c < n; ++c) {
-    linv[c * n + c] = 1.0 / h[c * n + c];
-    for (int64_t i = c + 1; i < n; ++i) {
-      double s = 0;
-      for (int64_t k = c; k < i; ++k) s += h[i * n + k] * linv[k * n + c];
-      linv[i * n + c] = -s / h[i * n + i];
-    }
+// Chooses the grid of group `group` (columns [c0, c0 + width)) from the current, error-fed weights, as GPTQ
+// does when it reaches a group: the slice is encoded on its own (with a search weighted by diag(H) where the
+// codec has one) and its per-group arrays (shape [rows, 1]: scales, biases) are copied into the tensor's
+// [rows, groups] arrays. Codes are left to quantize_column.
+void regrid(const codec::Codec& codec, const codec::Params& params, codec::EncodedTensor& tensor,
+            const std::vector<float>& w, int64_t rows, int64_t cols, int64_t c0, int64_t width,
+            const std::vector<float>& diag, const codec::EncodeOptions& base) {
+  std::vector<float> slice(static_cast<size_t>(rows * width));
+  for (int64_t r = 0; r < rows; ++r) std::copy_n(w.data() + r * cols + c0, width, slice.data() + r * width);
+  codec::EncodeOptions eo = base;
+  eo.column_importance = std::span(diag).subspan(static_cast<size_t>(c0), static_cast<size_t>(width));
+  eo.search = true;
+  eo.pool = &default_pool();
+  const codec::EncodedTensor part = codec.encode(params, Shape{rows, width}, slice.data(), eo);
+  const int64_t group = c0 / width;
+  for (const auto& [role, sub] : part.arrays) {
+    if (sub.shape != Shape{rows, 1}) continue;
+    auto it = std::find_if(tensor.arrays.begin(), tensor.arrays.end(), [&](const auto& a) { return a.first == role; });
+    if (it == tensor.arrays.end() || it->second.dtype != sub.dtype || it->second.shape.size() != 2 ||
+        it->second.shape[0] != rows || it->second.shape[1] != cols / width)
+      fail(Errc::internal, "[gptq] codec '{}': array '{}' is not one entry per row and group", codec.id, role);
+    const size_t elem = dtype_size(sub.dtype);
+    for (int64_t r = 0; r < rows; ++r)
+      std::copy_n(sub.bytes.data() + r * elem, elem, it->second.bytes.data() + (r * (cols / width) + group) * elem);
   }
-  // H^-1 = Linv^T Linv; its upper Cholesky factor U satisfies U^T U = H^-1. Compute M = H^-1, then factor.
-  std::vector<double> hinv(n * n, 0.0);
-  for (int64_t i = 0; i < n; ++i)
-    for (int64_t j = 0; j <= i; ++j) {
-      double s = 0;
-      for (int64_t k = i; k < n; ++k) s += linv[k * n + i] * linv[k * n + j];
-      hinv[i * n + j] = hinv[j * n + i] = s;
-    }
-  if (!cholesky_lower(hinv, n)) fail(Errc::internal, "[gptq] inverse Hessian is not positive definite");
-  std::vector<double> u(n * n, 0.0);  // U = L'^T
-  for (int64_t i = 0; i < n; ++i)
-    for (int64_t j = 0; j <= i; ++j) u[j * n + i] = hinv[i * n + j];
-  return u;
 }
 
 }  // namespace
@@ -68,51 +58,48 @@ std::vector<double> damped_inverse_factor(std::vector<double> hd, int64_t n, dou
     if (hd[i * n + i] == 0) hd[i * n + i] = mean_diag;
     hd[i * n + i] += damp * mean_diag;
   }
-  return inverse_hessian_factor(std::move(hd), n);
+  // With J the order reversal, J H J = L L^T gives H = V V^T for the upper V = J L J, so H^-1 = V^-T V^-1 and
+  // U = V^-1 = J L^-1 J is the upper factor with U^T U = H^-1: one Cholesky and one triangular inverse.
+  std::vector<double> rev(static_cast<size_t>(n * n));
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < n; ++j) rev[i * n + j] = hd[(n - 1 - i) * n + (n - 1 - j)];
+  if (!cholesky_lower(rev, n)) fail(Errc::internal, "[gptq] damped Hessian is not positive definite");
+  invert_lower(rev, n);
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < n; ++j) hd[i * n + j] = rev[(n - 1 - i) * n + (n - 1 - j)];
+  return hd;
 }
 
 void Hessian::add(const float* x, int64_t tokens, int64_t stride) {
   if (h.empty()) h.assign(static_cast<size_t>(dim * dim), 0.0);
-  // Partial sums over chunks of tokens in f32 (a vectorizable inner loop), folded into the f64 total per chunk
-  // so that rounding error does not grow with the calibration length.
-  constexpr int64_t kChunk = 64;
-  default_pool().parallel_for(static_cast<size_t>(dim), 8, [&](size_t i0, size_t i1) {
-    std::vector<float> acc(static_cast<size_t>(dim));
-    for (size_t i = i0; i < i1; ++i) {
-      double* hi = h.data() + i * dim;
-      for (int64_t t0 = 0; t0 < tokens; t0 += kChunk) {
-        std::fill(acc.begin(), acc.end(), 0.0f);
-        const int64_t t1 = std::min(tokens, t0 + kChunk);
-        for (int64_t t = t0; t < t1; ++t) {
-          const float* row = x + t * stride;
-          const float xi = row[i];
-          if (xi == 0) continue;
-          for (int64_t j = 0; j < dim; ++j) acc[j] += xi * row[j];
-        }
-        for (int64_t j = 0; j < dim; ++j) hi[j] += acc[j];
-      }
-    }
-  });
+  // H += X^T X, one chunk of tokens at a time: an f32 product through the batched dense kernel (X^T [dim, chunk]
+  // against itself), folded into the f64 total per chunk so that rounding error does not grow with the
+  // calibration length.
+  constexpr int64_t kChunk = 256;
+  std::vector<float> g(static_cast<size_t>(dim * dim));
+  for (int64_t t0 = 0; t0 < tokens; t0 += kChunk) {
+    const int64_t n = std::min(kChunk, tokens - t0);
+    const std::vector<float> xt = transpose(x + t0 * stride, n, dim, stride);  // [dim, n]
+    matmul_nt(xt.data(), dim, n, xt.data(), dim, g.data());
+    default_pool().parallel_for(static_cast<size_t>(dim), 32, [&](size_t i0, size_t i1) {
+      for (size_t i = i0 * dim; i < i1 * dim; ++i) h[i] += g[i];
+    });
+  }
   samples += static_cast<uint64_t>(tokens);
 }
 
 double hessian_loss(const std::vector<float>& w, const std::vector<float>& q, int64_t rows, const Hessian& h) {
-  // sum over rows r of e_r^T H e_r with e_r = w_r - q_r.
+  // sum over rows r of e_r^T H e_r with e_r = w_r - q_r: Y = E H as one product, then row-wise dots.
   const int64_t n = h.dim;
+  std::vector<float> e(static_cast<size_t>(rows * n)), hf(h.h.begin(), h.h.end()), y(e.size());
+  for (size_t i = 0; i < e.size(); ++i) e[i] = w[i] - q[i];
+  matmul_nt(e.data(), rows, n, hf.data(), n, y.data());  // H symmetric: E H^T = E H
   std::vector<double> partial(static_cast<size_t>(rows), 0.0);
-  default_pool().parallel_for(static_cast<size_t>(rows), 4, [&](size_t r0, size_t r1) {
-    std::vector<double> e(n);
+  default_pool().parallel_for(static_cast<size_t>(rows), 16, [&](size_t r0, size_t r1) {
     for (size_t r = r0; r < r1; ++r) {
-      for (int64_t j = 0; j < n; ++j) e[j] = static_cast<double>(w[r * n + j]) - q[r * n + j];
-      double total = 0;
-      for (int64_t i = 0; i < n; ++i) {
-        if (e[i] == 0) continue;
-        const double* hi = h.h.data() + i * n;
-        double s = 0;
-        for (int64_t j = 0; j < n; ++j) s += hi[j] * e[j];
-        total += e[i] * s;
-      }
-      partial[r] = total;
+      double s = 0;
+      for (int64_t j = 0; j < n; ++j) s += static_cast<double>(e[r * n + j]) * y[r * n + j];
+      partial[r] = s;
     }
   });
   double total = 0;
@@ -133,15 +120,23 @@ RoundingResult gptq_quantize(const codec::Codec& codec, const codec::Params& par
   RoundingResult result;
   codec::EncodedTensor rtn = codec.encode(params, shape, w_in, options.encode);
   const std::vector<float> rtn_q = codec::decode_all({&codec, rtn.params, shape, rtn.views()});
-  result.tensor = codec.encode(params, shape, w_in, options.encode);
+  result.tensor = rtn;
+
+  // Groups get their grid when the column sweep reaches them; blocks then hold whole groups so that a group's
+  // columns have seen every earlier column's feedback when it is chosen.
+  const int64_t group = options.regrid ? regrid_width(result.tensor.params, cols) : 0;
+  const int64_t block = group ? std::max(group, options.block / group * group) : options.block;
+  std::vector<float> diag(static_cast<size_t>(cols));
+  for (int64_t i = 0; i < cols; ++i) diag[i] = static_cast<float>(h.h[i * cols + i]);
 
   std::vector<float> q(static_cast<size_t>(rows * cols));
   std::vector<float> col(rows), qcol(rows);
-  std::vector<double> err(static_cast<size_t>(rows * options.block));
+  std::vector<float> err(static_cast<size_t>(rows * block));  // [rows, block] scaled errors of the block
   ThreadPool& pool = default_pool();
-  for (int64_t b0 = 0; b0 < cols; b0 += options.block) {
-    const int64_t b1 = std::min(cols, b0 + options.block);
+  for (int64_t b0 = 0; b0 < cols; b0 += block) {
+    const int64_t b1 = std::min(cols, b0 + block), bw = b1 - b0;
     for (int64_t i = b0; i < b1; ++i) {
+      if (group && i % group == 0) regrid(codec, params, result.tensor, w, rows, cols, i, group, diag, options.encode);
       for (int64_t r = 0; r < rows; ++r) col[r] = w[r * cols + i];
       codec.quantize_column(result.tensor.params, shape, result.tensor, i, col.data(), qcol.data());
       const double d = u[i * cols + i];
@@ -149,25 +144,23 @@ RoundingResult gptq_quantize(const codec::Codec& codec, const codec::Params& par
         for (size_t r = r0; r < r1; ++r) {
           q[r * cols + i] = qcol[r];
           const double e = (static_cast<double>(col[r]) - qcol[r]) / d;
-          err[r * options.block + (i - b0)] = e;
+          err[r * bw + (i - b0)] = static_cast<float>(e);
           float* wr = w.data() + r * cols;
           for (int64_t j = i + 1; j < b1; ++j) wr[j] -= static_cast<float>(e * u[i * cols + j]);
         }
       });
     }
-    // Lazy update of the columns right of the block: W[:, b1:] -= Err [rows, block] @ U[b0:b1, b1:].
+    if (b1 == cols) break;
+    // Lazy update of the columns right of the block: W[:, b1:] -= Err [rows, bw] @ U[b0:b1, b1:], one product.
+    const int64_t later = cols - b1;
+    std::vector<float> ut(static_cast<size_t>(later * bw));  // U[b0:b1, b1:]^T [later, bw]
+    for (int64_t k = 0; k < bw; ++k)
+      for (int64_t j = 0; j < later; ++j) ut[j * bw + k] = static_cast<float>(u[(b0 + k) * cols + b1 + j]);
+    std::vector<float> upd(static_cast<size_t>(rows * later));
+    matmul_nt(err.data(), rows, bw, ut.data(), later, upd.data());
     pool.parallel_for(static_cast<size_t>(rows), 16, [&](size_t r0, size_t r1) {
-      std::vector<double> acc(static_cast<size_t>(cols - b1));
-      for (size_t r = r0; r < r1; ++r) {
-        std::fill(acc.begin(), acc.end(), 0.0);
-        for (int64_t k = b0; k < b1; ++k) {
-          const double e = err[r * options.block + (k - b0)];
-          const double* uk = u.data() + k * cols + b1;
-          for (int64_t j = 0; j < cols - b1; ++j) acc[j] += e * uk[j];
-        }
-        float* wr = w.data() + r * cols + b1;
-        for (int64_t j = 0; j < cols - b1; ++j) wr[j] -= static_cast<float>(acc[j]);
-      }
+      for (size_t r = r0; r < r1; ++r)
+        for (int64_t j = 0; j < later; ++j) w[r * cols + b1 + j] -= upd[r * later + j];
     });
   }
 

@@ -1,8 +1,10 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 
+#include "lowbit/codec/codec.h"
 #include "lowbit/codec/dense.h"
 #include "lowbit/quant/block_ldlq.h"
 #include "lowbit/quant/gptq.h"
@@ -120,6 +122,85 @@ TEST(Gptq, DeadColumnsAreHandled) {
   const RoundingResult r = gptq_quantize(kGrid, {}, p.shape, p.w.data(), p.h, GptqOptions{});
   EXPECT_TRUE(std::isfinite(r.loss));
   EXPECT_LE(r.loss, r.rtn_loss);
+}
+
+TEST(Hessian, ChunkedProductEqualsNaiveSum) {
+  // 300 tokens cross the 256-token chunk; a row stride wider than the input, as the activations' buffers have.
+  const int64_t tokens = 300, dim = 40, stride = 45;
+  std::mt19937_64 rng(9);
+  std::normal_distribution<float> n01;
+  std::vector<float> x(static_cast<size_t>(tokens * stride));
+  for (auto& v : x) v = n01(rng);
+  Hessian h{dim, {}, 0};
+  h.add(x.data(), 100, stride);  // two calls accumulate
+  h.add(x.data() + 100 * stride, tokens - 100, stride);
+  EXPECT_EQ(h.samples, static_cast<uint64_t>(tokens));
+  for (int64_t i = 0; i < dim; ++i)
+    for (int64_t j = 0; j < dim; ++j) {
+      double s = 0;
+      for (int64_t t = 0; t < tokens; ++t) s += static_cast<double>(x[t * stride + i]) * x[t * stride + j];
+      ASSERT_NEAR(h.h[i * dim + j], s, 1e-4 * tokens) << i << "," << j;
+    }
+}
+
+TEST(Gptq, InverseFactorIsUpperCholeskyOfTheDampedInverse) {
+  const Problem p = make_problem(4, 48, 13);
+  const int64_t n = 48;
+  const double damp = 0.01;
+  const std::vector<double> u = damped_inverse_factor(p.h.h, n, damp);
+  double mean_diag = 0;
+  for (int64_t i = 0; i < n; ++i) mean_diag += p.h.h[i * n + i] / n;
+  // (H + damp * mean I) U^T U = I, and U is upper triangular with a positive diagonal.
+  for (int64_t i = 0; i < n; ++i) {
+    EXPECT_GT(u[i * n + i], 0);
+    for (int64_t j = 0; j < i; ++j) ASSERT_EQ(u[i * n + j], 0);
+  }
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double s = 0;
+      for (int64_t k = 0; k < n; ++k) {
+        double hinv_kj = 0;  // (U^T U)[k, j]
+        for (int64_t m = 0; m <= std::min(k, j); ++m) hinv_kj += u[m * n + k] * u[m * n + j];
+        s += (p.h.h[i * n + k] + (i == k ? damp * mean_diag : 0)) * hinv_kj;
+      }
+      ASSERT_NEAR(s, i == j ? 1.0 : 0.0, 1e-8) << i << "," << j;
+    }
+}
+
+TEST(Gptq, BlockedUpdateEqualsUnblocked) {
+  g_sloppy = false;
+  const Problem p = make_problem(24, 96, 17);
+  GptqOptions one_block, small_blocks;
+  one_block.block = 96;
+  small_blocks.block = 8;
+  const RoundingResult a = gptq_quantize(kGrid, {}, p.shape, p.w.data(), p.h, one_block);
+  const RoundingResult b = gptq_quantize(kGrid, {}, p.shape, p.w.data(), p.h, small_blocks);
+  EXPECT_NEAR(a.loss, b.loss, 1e-5 * a.loss);
+  const auto qa = codec::decode_all({&kGrid, a.tensor.params, p.shape, a.tensor.views()});
+  const auto qb = codec::decode_all({&kGrid, b.tensor.params, p.shape, b.tensor.views()});
+  int64_t differing = 0;
+  for (size_t i = 0; i < qa.size(); ++i) differing += qa[i] != qb[i];
+  EXPECT_LE(differing, 2) << "of " << qa.size();  // only f32 rounding ties may fall differently
+}
+
+TEST(Gptq, GroupScalesAreChosenFromTheErrorFedWeights) {
+  // Affine 3-bit, 32-wide groups: with regrid each group's scale and bias see the earlier columns' feedback.
+  const Problem p = make_problem(32, 128, 19);
+  const codec::Codec& affine = codec::codec_or_throw("affine", "test");
+  const codec::Params params{{"bits", 3}, {"group_size", 32}, {"scale_dtype", "f16"}};
+  GptqOptions fixed;
+  fixed.regrid = false;
+  fixed.block = 32;
+  const RoundingResult f = gptq_quantize(affine, params, p.shape, p.w.data(), p.h, fixed);
+  const RoundingResult g = gptq_quantize(affine, params, p.shape, p.w.data(), p.h, GptqOptions{});
+  EXPECT_FALSE(g.guard_tripped);
+  EXPECT_LT(g.loss, 0.8 * g.rtn_loss);
+  EXPECT_LT(g.loss, 1.02 * f.loss);
+  // The grid was chosen anew: some group's scale differs from the one encode() chose from the original weights.
+  const TensorView regridded = g.tensor.views().at("scales"), original = f.tensor.views().at("scales");
+  EXPECT_FALSE(std::equal(regridded.bytes.begin(), regridded.bytes.end(), original.bytes.begin()));
+  const auto q = codec::decode_all({&affine, g.tensor.params, p.shape, g.tensor.views()});
+  EXPECT_NEAR(hessian_loss(p.w, q, 32, p.h), g.loss, 1e-5 * g.loss);
 }
 
 }  // namespace

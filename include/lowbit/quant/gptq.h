@@ -1,6 +1,7 @@
-// Hessian-aware rounding for codecs whose grid is fixed column by column (GPTQ / LDLQ): the codec's encoder
-// chooses the grid (scales, biases) from the weights, then columns are rounded left to right, each after the
-// rounding error of the earlier ones has been fed forward through the inverse Hessian's Cholesky factor.
+// Hessian-aware rounding for codecs whose grid is fixed column by column (GPTQ / LDLQ): columns are rounded left
+// to right, each after the rounding error of the earlier ones has been fed forward through the inverse Hessian's
+// Cholesky factor; a group's grid (scales, biases) is chosen by the codec's encoder when the sweep reaches the
+// group, from the error-fed weights.
 // A guard compares the Hessian-weighted loss with plain rounding and keeps the better (seed 003).
 #pragma once
 
@@ -22,6 +23,9 @@ struct Hessian {
 struct GptqOptions {
   double damp = 0.01;  // fraction of mean(diag(H)) added to the diagonal
   int64_t block = 128; // columns per lazy-update block
+  // Choose each group's scales when the sweep reaches it, from the error-fed weights (codecs with a
+  // "group_size"); false keeps the grid encode() chose from the original weights.
+  bool regrid = true;
   codec::EncodeOptions encode;
 };
 
