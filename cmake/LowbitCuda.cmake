@@ -41,6 +41,13 @@ target_include_directories(lowbit_kernels_cuda PUBLIC ${CMAKE_SOURCE_DIR}/includ
 target_link_libraries(lowbit_kernels_cuda PUBLIC lowbit_codec CUDA::cudart_static)
 lowbit_cuda_target(lowbit_kernels_cuda)
 
+# The GPU model runtime (src/model/cuda/*.cpp) joins lowbit_model, and src/model/cuda_device.cpp then offers
+# --device cuda.
+file(GLOB LOWBIT_CUDA_MODEL_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/src/model/cuda/*.cpp)
+target_sources(lowbit_model PRIVATE ${LOWBIT_CUDA_MODEL_SOURCES})
+target_link_libraries(lowbit_model PUBLIC lowbit_kernels_cuda)
+target_compile_definitions(lowbit_model PRIVATE LOWBIT_WITH_CUDA=1)
+
 if(LOWBIT_TESTS)
   enable_testing()
   find_package(GTest REQUIRED)
@@ -50,6 +57,7 @@ if(LOWBIT_TESTS)
   if(LOWBIT_CUDA_TESTS)
     add_executable(test_cuda ${LOWBIT_CUDA_TESTS})
     target_link_libraries(test_cuda PRIVATE lowbit_kernels_cuda GTest::gtest GTest::gtest_main)
+    target_link_libraries(test_cuda PRIVATE lowbit_model)  # the GPU runtime's tests against the CPU forward
     target_include_directories(test_cuda PRIVATE ${CMAKE_SOURCE_DIR}/src ${CMAKE_SOURCE_DIR}/tests)
     target_compile_definitions(test_cuda PRIVATE
       LOWBIT_SOURCE_DIR="${CMAKE_SOURCE_DIR}" LOWBIT_SHARED_DIR="${CMAKE_SOURCE_DIR}/../shared")

@@ -12,6 +12,7 @@
 #include "lowbit/core/error.h"
 #include "lowbit/core/thread_pool.h"
 #include "lowbit/model/chat.h"
+#include "lowbit/model/cuda_model.h"
 
 namespace {
 
@@ -24,6 +25,7 @@ struct Args {
   std::optional<uint64_t> seed;
   size_t threads = 0;
   bool quiet = false;
+  std::string device = "cpu";
 };
 
 void write_stdout(std::string_view text) {
@@ -41,6 +43,7 @@ void run(const Args& a) {
   using namespace lowbit;
   set_default_threads(a.threads);
   const auto model = model::load_model(a.model, {.max_seq = a.context});
+  model::use_device(*model, a.device);
   const auto tokenizer = model::load_tokenizer(a.model, a.tokenizer);
   model::ChatTemplate tmpl = model::chat_template_for(a.model, *tokenizer);
   if (a.template_name) {
@@ -91,6 +94,7 @@ void setup(CLI::App& root) {
   cmd->add_option("--seed", args->seed, "Sampling seed (default: random)");
   cmd->add_option("--tokenizer", args->tokenizer, "Tokenizer file when not beside the model");
   cmd->add_option("--threads", args->threads, "Threads (default: all cores)");
+  cmd->add_option("--device", args->device, "cpu or cuda")->capture_default_str();
   cmd->add_flag("-q,--quiet", args->quiet, "No speed lines on stderr");
   cmd->callback([args] { run(*args); });
 }

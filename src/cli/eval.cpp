@@ -12,6 +12,7 @@
 #include "lowbit/core/progress.h"
 #include "lowbit/core/thread_pool.h"
 #include "lowbit/eval/perplexity.h"
+#include "lowbit/model/cuda_model.h"
 
 namespace {
 
@@ -23,6 +24,7 @@ struct Common {
   int64_t ctx = 512;
   bool json = false;
   size_t threads = 0;
+  std::string device = "cpu";
 };
 
 struct Prepared {
@@ -48,12 +50,14 @@ void add_common(CLI::App* cmd, Common& c) {
   cmd->add_option("--ctx", c.ctx, "Window length in tokens")->capture_default_str();
   cmd->add_option("--tokenizer", c.tokenizer, "Tokenizer file when not beside the (base) model");
   cmd->add_option("--threads", c.threads, "Threads (default: all cores)");
+  cmd->add_option("--device", c.device, "cpu or cuda")->capture_default_str();
   cmd->add_flag("--json", c.json, "Print one JSON object");
 }
 
 void run_ppl(const std::string& model_path, const Common& c) {
   set_default_threads(c.threads);
   const auto model = model::load_model(model_path);
+  model::use_device(*model, c.device);
   Prepared p = prepare(model_path, c);
   Progress progress("eval ppl", static_cast<uint64_t>(eval::count_windows(p.tokens.size(), c.ctx)), "window");
   p.window.on_window = [&] { progress.advance(); };
@@ -73,6 +77,8 @@ void run_kld(const std::string& base_path, const std::string& other_path, const 
   set_default_threads(c.threads);
   const auto base = model::load_model(base_path);
   const auto other = model::load_model(other_path);
+  model::use_device(*base, c.device);
+  model::use_device(*other, c.device);
   Prepared p = prepare(base_path, c);
   Progress progress("eval kld", static_cast<uint64_t>(eval::count_windows(p.tokens.size(), c.ctx)), "window");
   p.window.on_window = [&] { progress.advance(); };

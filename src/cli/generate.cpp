@@ -6,6 +6,7 @@
 
 #include "cli/command.h"
 #include "lowbit/core/thread_pool.h"
+#include "lowbit/model/cuda_model.h"
 #include "lowbit/model/generate.h"
 
 namespace {
@@ -16,12 +17,14 @@ struct Args {
   lowbit::model::GenerateOptions gen;
   std::optional<uint64_t> seed;
   size_t threads = 0;
+  std::string device = "cpu";
 };
 
 void run(const Args& a) {
   using namespace lowbit;
   set_default_threads(a.threads);
   const auto model = model::load_model(a.model);
+  model::use_device(*model, a.device);
   const auto tokenizer = model::load_tokenizer(a.model, a.tokenizer);
   model::GenerateOptions gen = a.gen;
   gen.sampler.seed = a.seed ? *a.seed : std::random_device{}();
@@ -54,6 +57,7 @@ void setup(CLI::App& root) {
   cmd->add_option("--seed", args->seed, "Sampling seed (default: random)");
   cmd->add_option("--tokenizer", args->tokenizer, "Tokenizer file when not beside the model");
   cmd->add_option("--threads", args->threads, "Threads (default: all cores)");
+  cmd->add_option("--device", args->device, "cpu or cuda")->capture_default_str();
   cmd->callback([args] { run(*args); });
 }
 

@@ -169,6 +169,7 @@ void forward_layers(const Model& model, KvCache& cache, float* x, int64_t m, int
 
 void forward(const Model& model, KvCache& cache, std::span<const int32_t> tokens, int64_t pos, float* logits,
              bool all_logits, ThreadPool& pool) {
+  if (model.device) return model.device->forward(cache, tokens, pos, logits, all_logits);
   const ModelConfig& c = model.config;
   const auto m = static_cast<int64_t>(tokens.size());
   std::vector<float> x(static_cast<size_t>(m * c.dim));

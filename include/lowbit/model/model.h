@@ -37,6 +37,15 @@ struct LayerWeights {
   std::vector<float> q_norm, k_norm;                        // [head_dim] (qwen3), else empty
 };
 
+// Runs forward() in place of the CPU kernels (the CUDA runtime, cuda_model.h's use_device). It keeps its own
+// KV cache for the sequence whose host KvCache forward() passes, which then stays unused.
+class DeviceForward {
+ public:
+  virtual ~DeviceForward() = default;
+  virtual void forward(KvCache& cache, std::span<const int32_t> tokens, int64_t pos, float* logits,
+                       bool all_logits) = 0;
+};
+
 class Model {
  public:
   ModelConfig config;
@@ -46,6 +55,7 @@ class Model {
   std::vector<float> final_norm;                // [dim]
   std::vector<LayerWeights> layers;
   std::vector<float> rope_inv_freq;             // [head_dim / 2], see config.h
+  std::shared_ptr<DeviceForward> device;        // null: forward() runs on the CPU
 
   const NamedTensor* find(std::string_view name) const;
   // Keeps the storage the TensorRefs point into alive (mapped files, owned buffers, readers).

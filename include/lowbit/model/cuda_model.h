@@ -1,0 +1,127 @@
+// The GPU model runtime (docs/CUDA.md, "Runtime"): every linear of the model prepared once for the GPU, the
+// decode step (embedding, RMSNorm, projections, RoPE, attention over a device KV cache, SwiGLU, LM head)
+// captured in a CUDA graph per batch size and replayed per token. Token ids, positions and KV-cache slots live
+// in device memory, so the same graph serves every step. Prefill runs as chunks of up to kernels::cuda::kMaxBatch
+// consecutive positions of one sequence through the same step.
+//
+// This header needs no CUDA headers. use_device(), cuda_built(), measure_cuda(), cuda_device_summary() and
+// synthetic_model() are always built (the CUDA ones fail with Errc::usage without CUDA); CudaModel only with
+// LOWBIT_CUDA=ON.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "lowbit/codec/codec.h"
+#include "lowbit/model/config.h"
+#include "lowbit/model/model.h"
+
+namespace lowbit::model {
+
+// Makes forward() on `model` run on `device`: "cpu" (the default kernels) or "cuda" (Errc::usage in a build
+// without CUDA; Errc::unsupported naming the tensor when a codec has no CUDA kernel yet).
+void use_device(Model& model, std::string_view device);
+
+// True when this lowbit was built with the CUDA backend.
+bool cuda_built();
+
+enum class KvType { f32, f16, bf16 };
+
+struct CudaModelOptions {
+  int max_batch = 1;      // activation rows per step, 1..kernels::cuda::kMaxBatch
+  int slots = 0;          // KV-cache slots (independent sequences); 0: max_batch
+  int64_t capacity = 0;   // positions per KV slot (<= config.max_seq); 0: min(max_seq, 256)
+  KvType kv_type = KvType::f32;
+  bool use_graphs = true;  // replay a captured CUDA graph per batch size (false: launch every kernel each step)
+};
+
+// Looks up a stored tensor by its Hugging Face name (nullptr when absent). The model asks for the tensors of one
+// layer at a time, in layer order, and prepares them before asking for the next layer's: a source may free
+// earlier layers' storage then. Besides the HF names, a source may offer fused projections
+// "model.layers.N.self_attn.qkv_proj.weight" [q_dim + 2 kv_dim, dim] and "model.layers.N.mlp.gate_up_proj.weight"
+// [2 hidden, dim] (rows of q, k, v and of gate, up stacked), which run as one matmul each.
+using TensorLookup = std::function<const codec::TensorRef*(const std::string& name)>;
+
+class CudaModel {
+ public:
+  // Uploads every weight (Errc::unsupported naming the tensor where prepare_cuda has no kernel for its codec).
+  CudaModel(const ModelConfig& config, const TensorLookup& lookup, const CudaModelOptions& options);
+  ~CudaModel();
+  CudaModel(const CudaModel&) = delete;
+  CudaModel& operator=(const CudaModel&) = delete;
+
+  const ModelConfig& config() const;
+  const CudaModelOptions& options() const;
+  // Bytes of weight data one step reads through the matmuls (all layers and the LM head).
+  uint64_t weight_bytes() const;
+  // Grows the KV cache to `capacity` positions per slot (its contents are lost; graphs are captured anew).
+  void reserve(int64_t capacity);
+
+  // Runs one step for rows 0..batch-1: row b embeds tokens[b] at position pos[b] of KV slot slot[b], appends its
+  // key and value there and attends over positions 0..pos[b] of that slot. Asynchronous; logits stay on the
+  // device until download_logits().
+  void step(std::span<const int32_t> tokens, std::span<const int32_t> pos, std::span<const int32_t> slot);
+  // Greedy decoding on the device: `steps` steps of rows 0..batch-1, each feeding its argmax back as the next
+  // token at the next position (no host round trip). Inputs as last given to step() or set_rows().
+  void decode_greedy(int batch, int64_t steps);
+  // Uploads the inputs without running a step (for decode_greedy).
+  void set_rows(std::span<const int32_t> tokens, std::span<const int32_t> pos, std::span<const int32_t> slot);
+  // Copies logits rows [row_begin, row_end) of the last step to `out` [(row_end - row_begin), vocab]; waits.
+  void download_logits(int row_begin, int row_end, float* out) const;
+  // The argmax token of rows 0..batch-1 of the last step's logits; waits.
+  void argmax(int batch, std::span<int32_t> out) const;
+  // The tokens the device holds for rows 0..batch-1 (after decode_greedy: the last step's argmax); waits.
+  void download_tokens(int batch, std::span<int32_t> out) const;
+  void synchronize() const;
+  // Timing only: later steps launch just the matmuls (and decode_greedy's argmax), so that a benchmark can split
+  // a step's time between the matvec kernels and the rest; logits are meaningless meanwhile.
+  void set_matmuls_only(bool on);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Decode and prefill speed on the GPU (lowbit bench): prefill of `prompt` random tokens in chunks of
+// kernels::cuda::kMaxBatch positions on slot 0; then, per batch size B, B independent sequences decoded
+// greedily on the device for `steps` steps from position 0 (after a warm-up that captures the graph). Times
+// are host clock around synchronized work, so they include the per-step graph launch.
+struct SpeedOptions {
+  std::vector<int> batches{1};
+  int64_t prompt = 128;
+  int64_t steps = 128;
+  KvType kv_type = KvType::f32;
+  bool use_graphs = true;
+  uint64_t seed = 1;
+};
+struct Speed {
+  int batch = 1;
+  double prefill_tokens_per_s = 0;  // measured once, reported with every batch
+  double decode_tokens_per_s = 0;   // all B sequences together
+  double ms_per_step = 0;
+  double matmul_ms_per_step = 0;  // the same steps with only the matmuls launched (set_matmuls_only)
+  uint64_t weight_bytes = 0;  // read by one step's matmuls
+};
+// Errc::usage in a build without CUDA.
+std::vector<Speed> measure_cuda(const ModelConfig& config, const TensorLookup& lookup, const SpeedOptions& options);
+// The GPU's name and size, one line (Errc::usage in a build without CUDA).
+std::string cuda_device_summary();
+
+// A Llama-3-8B-shaped model (32 layers, dim 4096, ffn 14336, 32 query / 8 KV heads, vocab 128256; `layers`
+// overrides the depth) with random stored arrays in one codec, generated directly (never encoded): "bf16",
+// "affine4" (4 bits, group 64, bf16 scales), "trellis2", "trellis3" (L 16, 1MAD, no rotation). Every layer
+// views the same random arrays (one layer's worth of host memory); each gets its own device copy. The
+// embedding is dense bf16; q/k/v and gate/up are offered fused.
+struct SyntheticModel {
+  ModelConfig config;
+  TensorLookup lookup;
+  std::shared_ptr<const void> storage;
+};
+SyntheticModel synthetic_model(std::string_view shape, std::string_view codec, uint64_t seed, int64_t layers = 0);
+
+}  // namespace lowbit::model

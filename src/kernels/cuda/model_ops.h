@@ -1,0 +1,75 @@
+// Launchers of the elementwise and attention kernels of the GPU decode step (model_ops.cu): embedding gather,
+// RMSNorm, qkv bias + per-head norm + RoPE + KV-cache append, decode attention, SwiGLU, greedy argmax. Plain C++
+// with no lowbit includes, so that nvcc's front end only sees this header. Launches are unchecked and
+// asynchronous on `stream` (capturable in a CUDA graph); callers check with check_last_error().
+//
+// A step runs `batch` activation rows. Row b reads its token, its position and its KV-cache slot from device
+// memory (tokens[b], pos[b], slot[b]), so one captured graph serves every step: batched decode puts
+// independent sequences in distinct slots, chunked prefill puts consecutive positions of one sequence in the
+// same slot (each row then attends to the rows before it, whose keys the same launch appended first).
+#pragma once
+
+#include <cstdint>
+
+struct CUstream_st;
+
+namespace lowbit::kernels::cuda {
+
+// Element type of an embedding table or of the KV cache.
+enum class ElemType : uint8_t { f32, f16, bf16 };
+
+// x [batch, dim] = table [vocab, dim] rows tokens[b] (f32 out whatever the table type); out-of-range ids give 0.
+void launch_embed_gather(const void* table, ElemType type, int64_t vocab, int64_t dim, const int32_t* tokens,
+                         int batch, float* x, CUstream_st* stream);
+
+// out [batch, n] = weight * x / rms(x), row by row. With `delta`, first x += delta (the residual add) in place.
+void launch_rmsnorm(float* x, const float* delta, const float* weight, float* out, int batch, int64_t n, float eps,
+                    CUstream_st* stream);
+
+// The attention inputs of one layer after the q/k/v projections. Rows of q, k and v may be strided (a fused
+// qkv projection writes them side by side).
+struct QkvArgs {
+  float* q = nullptr;       // [batch, q_stride], heads in the first n_heads * head_dim columns; rotated in place
+  const float* k = nullptr;  // [batch, k_stride]
+  const float* v = nullptr;  // [batch, v_stride]
+  int64_t q_stride = 0, k_stride = 0, v_stride = 0;
+  const float* q_bias = nullptr;  // [n_heads * head_dim] or null (qwen2)
+  const float* k_bias = nullptr;
+  const float* v_bias = nullptr;
+  const float* q_norm = nullptr;  // [head_dim] or null (qwen3: RMSNorm per head before RoPE)
+  const float* k_norm = nullptr;
+  const float* inv_freq = nullptr;  // [head_dim / 2]
+  int n_heads = 0, n_kv_heads = 0, head_dim = 0;
+  bool interleaved = false;  // RoPE pairs (2i, 2i+1) instead of (i, i + head_dim / 2)
+  float eps = 1e-5f;
+};
+
+// The KV cache of one layer: [slots, capacity, n_kv_heads * head_dim] keys and the same for values.
+struct KvLayer {
+  void* keys = nullptr;
+  void* values = nullptr;
+  ElemType type = ElemType::f32;
+  int64_t capacity = 0;
+};
+
+// Adds biases, normalizes heads, rotates q and k at pos[b] and appends k, v at (slot[b], pos[b]).
+void launch_qkv_prepare(const QkvArgs& a, const KvLayer& kv, const int32_t* pos, const int32_t* slot, int batch,
+                        CUstream_st* stream);
+
+// out [batch, n_heads * head_dim]: causal GQA attention of q (as rotated above) over cache positions
+// 0..pos[b] of slot[b]; softmax of q.k / sqrt(head_dim) in f32 (online, so any context length).
+void launch_decode_attention(const float* q, int64_t q_stride, const KvLayer& kv, const int32_t* pos,
+                             const int32_t* slot, int n_heads, int n_kv_heads, int head_dim, int batch, float* out,
+                             CUstream_st* stream);
+
+// out [batch, hidden] = silu(gate) * up, gate and up rows strided by `stride`.
+void launch_swiglu(const float* gate, const float* up, int64_t stride, float* out, int batch, int64_t hidden,
+                   CUstream_st* stream);
+
+// next[b] = argmax of logits [batch, vocab] row b (the lowest id on ties).
+void launch_argmax(const float* logits, int64_t vocab, int batch, int32_t* next, CUstream_st* stream);
+
+// Greedy feedback for a decode loop that stays on the device: tokens[b] = next[b], pos[b] += 1.
+void launch_advance(const int32_t* next, int32_t* tokens, int32_t* pos, int batch, CUstream_st* stream);
+
+}  // namespace lowbit::kernels::cuda

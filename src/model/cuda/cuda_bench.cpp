@@ -1,0 +1,87 @@
+// measure_cuda (cuda_model.h): prefill and batched greedy decode speed of a CudaModel.
+#include <algorithm>
+#include <chrono>
+#include <numeric>
+#include <random>
+
+#include "lowbit/core/error.h"
+#include "lowbit/kernels/cuda.h"
+#include "lowbit/model/cuda_model.h"
+
+namespace lowbit::model {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// Seconds for `prompt` tokens through chunked prefill on slot 0.
+double prefill_seconds(CudaModel& gpu, const std::vector<int32_t>& prompt) {
+  constexpr int64_t kRows = kernels::cuda::kMaxBatch;
+  const auto n_prompt = static_cast<int64_t>(prompt.size());
+  const auto t0 = Clock::now();
+  std::vector<int32_t> pos, slot;
+  for (int64_t off = 0; off < n_prompt; off += kRows) {
+    const int n = static_cast<int>(std::min(kRows, n_prompt - off));
+    pos.resize(n);
+    std::iota(pos.begin(), pos.end(), static_cast<int32_t>(off));
+    slot.assign(n, 0);
+    gpu.step(std::span(prompt).subspan(off, n), pos, slot);
+  }
+  gpu.synchronize();
+  return seconds_since(t0);
+}
+
+// Seconds for `steps` greedy steps of `batch` sequences in slots 0..batch-1 from position 0.
+double decode_seconds(CudaModel& gpu, const std::vector<int32_t>& first_tokens, int batch, int64_t steps) {
+  std::vector<int32_t> pos(batch, 0), slot(batch);
+  std::iota(slot.begin(), slot.end(), 0);
+  gpu.set_rows(std::span(first_tokens).first(batch), pos, slot);
+  const auto t0 = Clock::now();
+  gpu.decode_greedy(batch, steps);
+  gpu.synchronize();
+  return seconds_since(t0);
+}
+
+}  // namespace
+
+std::string cuda_device_summary() { return kernels::cuda::device_summary(); }
+
+std::vector<Speed> measure_cuda(const ModelConfig& config, const TensorLookup& lookup, const SpeedOptions& o) {
+  if (o.batches.empty() || o.prompt < 1 || o.steps < 1) fail(Errc::usage, "[bench] empty batch list or no steps");
+  const int max_batch = *std::max_element(o.batches.begin(), o.batches.end());
+  CudaModelOptions options{.max_batch = kernels::cuda::kMaxBatch,  // prefill chunks of 16 positions
+                           .slots = max_batch,
+                           .capacity = std::max(o.prompt, o.steps + 4),
+                           .kv_type = o.kv_type,
+                           .use_graphs = o.use_graphs};
+  CudaModel gpu(config, lookup, options);
+  std::mt19937_64 rng(o.seed);
+  std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(config.vocab - 1));
+  std::vector<int32_t> prompt(static_cast<size_t>(o.prompt)), first(static_cast<size_t>(max_batch));
+  for (auto& t : prompt) t = token(rng);
+  for (auto& t : first) t = token(rng);
+  prefill_seconds(gpu, prompt);  // warm-up: loads modules, captures the graphs
+  const double prefill = prefill_seconds(gpu, prompt);
+  std::vector<Speed> out;
+  for (const int batch : o.batches) {
+    decode_seconds(gpu, first, batch, 4);  // warm-up and capture
+    const double seconds = decode_seconds(gpu, first, batch, o.steps);
+    gpu.set_matmuls_only(true);
+    decode_seconds(gpu, first, batch, 4);
+    const double matmul_seconds = decode_seconds(gpu, first, batch, o.steps);
+    gpu.set_matmuls_only(false);
+    Speed s;
+    s.batch = batch;
+    s.prefill_tokens_per_s = static_cast<double>(o.prompt) / prefill;
+    s.decode_tokens_per_s = static_cast<double>(batch * o.steps) / seconds;
+    s.ms_per_step = 1e3 * seconds / static_cast<double>(o.steps);
+    s.matmul_ms_per_step = 1e3 * matmul_seconds / static_cast<double>(o.steps);
+    s.weight_bytes = gpu.weight_bytes();
+    out.push_back(s);
+  }
+  return out;
+}
+
+}  // namespace lowbit::model

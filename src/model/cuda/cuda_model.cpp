@@ -1,0 +1,477 @@
+// CudaModel: the decode step on the GPU (include/lowbit/model/cuda_model.h), step by step as forward.cpp's CPU
+// pass, with the residual add fused into the next RMSNorm. Built only with LOWBIT_CUDA=ON.
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <optional>
+#include <vector>
+
+#include "kernels/cuda/model_ops.h"
+#include "lowbit/core/checked.h"
+#include "lowbit/core/dtype.h"
+#include "lowbit/core/error.h"
+#include "lowbit/kernels/cuda.h"
+#include "lowbit/model/cuda_model.h"
+
+namespace lowbit::model {
+
+namespace kc = kernels::cuda;
+
+namespace {
+
+void check(cudaError_t status, const char* op) {
+  if (status != cudaSuccess) fail(Errc::internal, "[cuda_model] {}: {}", op, cudaGetErrorString(status));
+}
+
+std::string layer_name(int64_t layer, std::string_view suffix) {
+  return fmt::format("model.layers.{}.{}", layer, suffix);
+}
+
+const codec::TensorRef& require(const TensorLookup& lookup, const std::string& name, const Shape& shape) {
+  const codec::TensorRef* t = lookup(name);
+  if (!t) fail(Errc::format, "[cuda_model] tensor '{}' is missing", name);
+  if (t->shape != shape)
+    fail(Errc::shape, "[cuda_model] tensor '{}' has shape {}, expected {}", name, shape_str(t->shape),
+         shape_str(shape));
+  return *t;
+}
+
+// prepare_cuda with the tensor's name in the error (e.g. a codec whose kernel does not exist yet).
+std::unique_ptr<kc::CudaLinear> prepare(const codec::TensorRef& t, const std::string& name) {
+  try {
+    return kc::prepare_cuda(t);
+  } catch (const Error& e) {
+    fail(e.code(), "[cuda_model] tensor '{}' ({}): {}", name, t.codec->id, e.what());
+  }
+}
+
+std::unique_ptr<kc::CudaLinear> linear(const TensorLookup& lookup, const std::string& name, int64_t rows,
+                                       int64_t cols) {
+  return prepare(require(lookup, name, {rows, cols}), name);
+}
+
+kc::DeviceBuffer upload_floats(std::span<const float> values) {
+  kc::DeviceBuffer b(values.size() * sizeof(float));
+  b.upload(values.data(), b.size());
+  return b;
+}
+
+kc::DeviceBuffer vector(const TensorLookup& lookup, const std::string& name, int64_t n) {
+  return upload_floats(codec::decode_all(require(lookup, name, {n})));
+}
+
+kc::DeviceBuffer optional_vector(const TensorLookup& lookup, const std::string& name, int64_t n, bool wanted) {
+  return wanted ? vector(lookup, name, n) : kc::DeviceBuffer();
+}
+
+kc::ElemType elem_type(KvType t) {
+  switch (t) {
+    case KvType::f16: return kc::ElemType::f16;
+    case KvType::bf16: return kc::ElemType::bf16;
+    default: return kc::ElemType::f32;
+  }
+}
+
+// The embedding table on the device, gathered by row. Dense f32/f16/bf16 tables are uploaded as stored; other
+// codecs are decoded on the host once, to f32 when the table fits in 1 GiB that way and to bf16 otherwise.
+struct Table {
+  kc::DeviceBuffer data;
+  kc::ElemType type = kc::ElemType::f32;
+};
+
+Table upload_embedding(const codec::TensorRef& t, int64_t vocab, int64_t dim) {
+  Table table;
+  if (t.codec->id == "dense") {
+    const TensorView& v = t.arrays.at("data");
+    const auto type = v.dtype == DType::F32 ? std::optional(kc::ElemType::f32)
+                      : v.dtype == DType::F16 ? std::optional(kc::ElemType::f16)
+                      : v.dtype == DType::BF16 ? std::optional(kc::ElemType::bf16)
+                                               : std::nullopt;
+    if (type) {
+      table.type = *type;
+      table.data = kc::DeviceBuffer(v.bytes.size());
+      table.data.upload(v.bytes.data(), v.bytes.size());
+      return table;
+    }
+  }
+  const uint64_t n = checked_mul(static_cast<uint64_t>(vocab), static_cast<uint64_t>(dim), "[cuda_model] embedding");
+  const bool as_f32 = n * sizeof(float) <= (uint64_t{1} << 30);
+  table.type = as_f32 ? kc::ElemType::f32 : kc::ElemType::bf16;
+  const size_t elem = as_f32 ? sizeof(float) : 2;
+  table.data = kc::DeviceBuffer(n * elem);
+  constexpr int64_t kRows = 256;
+  std::vector<float> rows(static_cast<size_t>(kRows * dim));
+  std::vector<std::byte> staged(static_cast<size_t>(kRows * dim) * elem);
+  for (int64_t r0 = 0; r0 < vocab; r0 += kRows) {
+    const int64_t r1 = std::min(vocab, r0 + kRows), count = (r1 - r0) * dim;
+    t.codec->decode_rows(t.params, t.shape, t.arrays, r0, r1, rows.data());
+    if (as_f32) {
+      std::memcpy(staged.data(), rows.data(), static_cast<size_t>(count) * elem);
+    } else {
+      for (int64_t i = 0; i < count; ++i) store_float(DType::BF16, staged.data(), static_cast<size_t>(i), rows[i]);
+    }
+    check(cudaMemcpy(static_cast<std::byte*>(table.data.data()) + r0 * dim * elem, staged.data(),
+                     static_cast<size_t>(count) * elem, cudaMemcpyHostToDevice),
+          "embedding upload");
+  }
+  return table;
+}
+
+struct Layer {
+  // Either the fused projection (qkv, gate_up) or its parts.
+  std::unique_ptr<kc::CudaLinear> qkv, wq, wk, wv, wo, gate_up, gate, up, down;
+  kc::DeviceBuffer attn_norm, ffn_norm, q_bias, k_bias, v_bias, q_norm, k_norm;
+  kc::DeviceBuffer keys, values;  // [slots, capacity, kv_dim]
+};
+
+Layer load_layer(const TensorLookup& lookup, const ModelConfig& c, int64_t l) {
+  const auto name = [&](std::string_view suffix) { return layer_name(l, suffix); };
+  Layer w;
+  w.attn_norm = vector(lookup, name("input_layernorm.weight"), c.dim);
+  w.ffn_norm = vector(lookup, name("post_attention_layernorm.weight"), c.dim);
+  if (lookup(name("self_attn.qkv_proj.weight"))) {
+    w.qkv = linear(lookup, name("self_attn.qkv_proj.weight"), c.q_dim() + 2 * c.kv_dim(), c.dim);
+  } else {
+    w.wq = linear(lookup, name("self_attn.q_proj.weight"), c.q_dim(), c.dim);
+    w.wk = linear(lookup, name("self_attn.k_proj.weight"), c.kv_dim(), c.dim);
+    w.wv = linear(lookup, name("self_attn.v_proj.weight"), c.kv_dim(), c.dim);
+  }
+  w.wo = linear(lookup, name("self_attn.o_proj.weight"), c.dim, c.q_dim());
+  w.q_bias = optional_vector(lookup, name("self_attn.q_proj.bias"), c.q_dim(), c.qkv_bias);
+  w.k_bias = optional_vector(lookup, name("self_attn.k_proj.bias"), c.kv_dim(), c.qkv_bias);
+  w.v_bias = optional_vector(lookup, name("self_attn.v_proj.bias"), c.kv_dim(), c.qkv_bias);
+  w.q_norm = optional_vector(lookup, name("self_attn.q_norm.weight"), c.head_dim, c.qk_norm);
+  w.k_norm = optional_vector(lookup, name("self_attn.k_norm.weight"), c.head_dim, c.qk_norm);
+  if (lookup(name("mlp.gate_up_proj.weight"))) {
+    w.gate_up = linear(lookup, name("mlp.gate_up_proj.weight"), 2 * c.hidden_dim, c.dim);
+  } else {
+    w.gate = linear(lookup, name("mlp.gate_proj.weight"), c.hidden_dim, c.dim);
+    w.up = linear(lookup, name("mlp.up_proj.weight"), c.hidden_dim, c.dim);
+  }
+  w.down = linear(lookup, name("mlp.down_proj.weight"), c.dim, c.hidden_dim);
+  return w;
+}
+
+uint64_t layer_bytes(const Layer& w) {
+  uint64_t bytes = 0;
+  for (const auto* p : {&w.qkv, &w.wq, &w.wk, &w.wv, &w.wo, &w.gate_up, &w.gate, &w.up, &w.down})
+    if (*p) bytes += (*p)->weight_bytes();
+  return bytes;
+}
+
+template <class T>
+const T* as(const kc::DeviceBuffer& b) {
+  return b.size() ? b.as<const T>() : nullptr;
+}
+
+}  // namespace
+
+struct CudaModel::Impl {
+  ModelConfig c;
+  CudaModelOptions o;
+  std::vector<Layer> layers;
+  Table embed;
+  std::unique_ptr<kc::CudaLinear> lm_head;
+  kc::DeviceBuffer final_norm, inv_freq;
+  // Activations for o.max_batch rows: x, xb [B, dim]; qkv [B, q_dim + 2 kv_dim]; att [B, q_dim]; proj [B, dim];
+  // gu [B, 2 hidden]; hb [B, hidden]; logits [B, vocab]; per-row tokens, positions, slots, argmax.
+  kc::DeviceBuffer x, xb, qkv, att, proj, gu, hb, logits, tokens, pos, slot, next;
+  cudaStream_t stream = nullptr;
+  std::array<cudaGraphExec_t, kc::kMaxBatch + 1> graphs{};
+  std::vector<int32_t> host_pos, host_slot;  // as last uploaded, for range checks
+  int last_batch = 0;
+  uint64_t bytes = 0;
+  bool matmuls_only = false;
+
+  ~Impl() {
+    drop_graphs();
+    if (stream) cudaStreamDestroy(stream);
+  }
+
+  float* f(const kc::DeviceBuffer& b) const { return b.as<float>(); }
+  int32_t* i(const kc::DeviceBuffer& b) const { return b.as<int32_t>(); }
+
+  void drop_graphs() {
+    for (auto& g : graphs)
+      if (g) {
+        cudaGraphExecDestroy(g);
+        g = nullptr;
+      }
+  }
+
+  void allocate_activations() {
+    const auto rows = [&](int64_t width) {
+      return kc::DeviceBuffer(checked_mul(static_cast<uint64_t>(o.max_batch) * sizeof(float),
+                                          static_cast<uint64_t>(width), "[cuda_model] activations"));
+    };
+    x = rows(c.dim);
+    xb = rows(c.dim);
+    qkv = rows(c.q_dim() + 2 * c.kv_dim());
+    att = rows(c.q_dim());
+    proj = rows(c.dim);
+    gu = rows(2 * c.hidden_dim);
+    hb = rows(c.hidden_dim);
+    logits = rows(c.vocab);
+    for (auto* b : {&tokens, &pos, &slot, &next}) {
+      *b = kc::DeviceBuffer(kc::kMaxBatch * sizeof(int32_t));
+      b->fill(0);
+    }
+  }
+
+  void reserve(int64_t capacity) {
+    if (capacity < 1 || capacity > c.max_seq)
+      fail(Errc::limit, "[cuda_model] KV capacity {} outside [1, {}]", capacity, c.max_seq);
+    if (capacity <= o.capacity && layers.front().keys.size()) return;
+    drop_graphs();  // the graphs hold the old cache's addresses
+    const size_t elem = o.kv_type == KvType::f32 ? 4 : 2;
+    const uint64_t bytes_per_layer =
+        checked_mul(checked_mul(static_cast<uint64_t>(o.slots), static_cast<uint64_t>(capacity), "[cuda_model] kv"),
+                    static_cast<uint64_t>(c.kv_dim()) * elem, "[cuda_model] kv");
+    for (Layer& w : layers) {
+      w.keys = kc::DeviceBuffer();
+      w.values = kc::DeviceBuffer();
+      w.keys = kc::DeviceBuffer(bytes_per_layer);
+      w.values = kc::DeviceBuffer(bytes_per_layer);
+      w.keys.fill(0);
+      w.values.fill(0);
+    }
+    o.capacity = capacity;
+    kc::synchronize("cuda_model reserve");  // the fills ran on the default stream
+  }
+
+  kc::KvLayer kv(const Layer& w) const { return {w.keys.data(), w.values.data(), elem_type(o.kv_type), o.capacity}; }
+
+  // The q/k/v row layout: one fused row [q | k | v] per batch row, or three [B, width] blocks.
+  kc::QkvArgs qkv_args(const Layer& w) const {
+    kc::QkvArgs a;
+    const int64_t qd = c.q_dim(), kd = c.kv_dim();
+    float* base = f(qkv);
+    if (w.qkv) {
+      a.q = base;
+      a.k = base + qd;
+      a.v = base + qd + kd;
+      a.q_stride = a.k_stride = a.v_stride = qd + 2 * kd;
+    } else {
+      a.q = base;
+      a.k = base + o.max_batch * qd;
+      a.v = a.k + o.max_batch * kd;
+      a.q_stride = qd;
+      a.k_stride = a.v_stride = kd;
+    }
+    a.q_bias = as<float>(w.q_bias);
+    a.k_bias = as<float>(w.k_bias);
+    a.v_bias = as<float>(w.v_bias);
+    a.q_norm = as<float>(w.q_norm);
+    a.k_norm = as<float>(w.k_norm);
+    a.inv_freq = as<float>(inv_freq);
+    a.n_heads = static_cast<int>(c.n_heads);
+    a.n_kv_heads = static_cast<int>(c.n_kv_heads);
+    a.head_dim = static_cast<int>(c.head_dim);
+    a.interleaved = c.rope_style == RopeStyle::interleaved;
+    a.eps = c.norm_eps;
+    return a;
+  }
+
+  void attention(const Layer& w, int batch) {
+    const kc::QkvArgs a = qkv_args(w);
+    if (w.qkv) {
+      w.qkv->matmul(f(xb), batch, f(qkv), stream);
+    } else {
+      float* k = f(qkv) + o.max_batch * c.q_dim();
+      w.wq->matmul(f(xb), batch, f(qkv), stream);
+      w.wk->matmul(f(xb), batch, k, stream);
+      w.wv->matmul(f(xb), batch, k + o.max_batch * c.kv_dim(), stream);
+    }
+    if (!matmuls_only) {
+      kc::launch_qkv_prepare(a, kv(w), i(pos), i(slot), batch, stream);
+      kc::launch_decode_attention(a.q, a.q_stride, kv(w), i(pos), i(slot), a.n_heads, a.n_kv_heads, a.head_dim,
+                                  batch, f(att), stream);
+    }
+    w.wo->matmul(f(att), batch, f(proj), stream);
+  }
+
+  void mlp(const Layer& w, int batch) {
+    const int64_t h = c.hidden_dim;
+    if (w.gate_up) {
+      w.gate_up->matmul(f(xb), batch, f(gu), stream);
+      if (!matmuls_only) kc::launch_swiglu(f(gu), f(gu) + h, 2 * h, f(hb), batch, h, stream);
+    } else {
+      float* up_out = f(gu) + o.max_batch * h;
+      w.gate->matmul(f(xb), batch, f(gu), stream);
+      w.up->matmul(f(xb), batch, up_out, stream);
+      if (!matmuls_only) kc::launch_swiglu(f(gu), up_out, h, f(hb), batch, h, stream);
+    }
+    w.down->matmul(f(hb), batch, f(proj), stream);
+  }
+
+  // x = embed(tokens); per layer x += attention(norm(x)), x += mlp(norm(x)); logits = lm_head(norm(x)).
+  void enqueue_step(int batch) {
+    const float eps = c.norm_eps;
+    const auto norm = [&](const float* delta, const kc::DeviceBuffer& weight) {
+      if (!matmuls_only) kc::launch_rmsnorm(f(x), delta, f(weight), f(xb), batch, c.dim, eps, stream);
+    };
+    if (!matmuls_only)
+      kc::launch_embed_gather(embed.data.data(), embed.type, c.vocab, c.dim, i(tokens), batch, f(x), stream);
+    norm(nullptr, layers.front().attn_norm);
+    for (size_t l = 0; l < layers.size(); ++l) {
+      const Layer& w = layers[l];
+      attention(w, batch);
+      norm(f(proj), w.ffn_norm);
+      mlp(w, batch);
+      norm(f(proj), l + 1 < layers.size() ? layers[l + 1].attn_norm : final_norm);
+    }
+    lm_head->matmul(f(xb), batch, f(logits), stream);
+    kc::check_last_error("cuda_model step");
+  }
+
+  // The first step of a batch size runs eagerly (loading modules), then its graph is captured for later steps.
+  void run_step(int batch) {
+    if (!o.use_graphs) return enqueue_step(batch);
+    if (graphs[batch]) {
+      check(cudaGraphLaunch(graphs[batch], stream), "graph launch");
+      return;
+    }
+    enqueue_step(batch);
+    cudaGraph_t graph = nullptr;
+    check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "begin capture");
+    try {
+      enqueue_step(batch);
+    } catch (...) {
+      cudaStreamEndCapture(stream, &graph);
+      if (graph) cudaGraphDestroy(graph);
+      throw;
+    }
+    check(cudaStreamEndCapture(stream, &graph), "end capture");
+    const cudaError_t status = cudaGraphInstantiate(&graphs[batch], graph, 0);
+    cudaGraphDestroy(graph);
+    check(status, "graph instantiate");
+  }
+
+  void set_rows(std::span<const int32_t> t, std::span<const int32_t> p, std::span<const int32_t> s) {
+    const size_t n = t.size();
+    if (n < 1 || n > static_cast<size_t>(o.max_batch) || p.size() != n || s.size() != n)
+      fail(Errc::internal, "[cuda_model] {} tokens, {} positions, {} slots for at most {} rows", n, p.size(),
+           s.size(), o.max_batch);
+    for (size_t r = 0; r < n; ++r) {
+      if (t[r] < 0 || t[r] >= c.vocab) fail(Errc::limit, "[cuda_model] token {} outside [0, {})", t[r], c.vocab);
+      if (p[r] < 0 || p[r] >= o.capacity)
+        fail(Errc::limit, "[cuda_model] position {} outside the context of {}", p[r], o.capacity);
+      if (s[r] < 0 || s[r] >= o.slots) fail(Errc::internal, "[cuda_model] slot {} outside [0, {})", s[r], o.slots);
+    }
+    const size_t bytes = n * sizeof(int32_t);
+    check(cudaMemcpyAsync(tokens.data(), t.data(), bytes, cudaMemcpyHostToDevice, stream), "upload tokens");
+    check(cudaMemcpyAsync(pos.data(), p.data(), bytes, cudaMemcpyHostToDevice, stream), "upload positions");
+    check(cudaMemcpyAsync(slot.data(), s.data(), bytes, cudaMemcpyHostToDevice, stream), "upload slots");
+    host_pos.assign(p.begin(), p.end());
+    host_slot.assign(s.begin(), s.end());
+    last_batch = static_cast<int>(n);
+  }
+};
+
+CudaModel::CudaModel(const ModelConfig& config, const TensorLookup& lookup, const CudaModelOptions& options)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& m = *impl_;
+  m.c = config;
+  m.o = options;
+  if (m.o.slots == 0) m.o.slots = options.max_batch;
+  const ModelConfig& c = config;
+  if (options.max_batch < 1 || options.max_batch > kc::kMaxBatch)
+    fail(Errc::usage, "[cuda_model] batch {} outside [1, {}]", options.max_batch, kc::kMaxBatch);
+  if (m.o.slots < 1) fail(Errc::usage, "[cuda_model] {} KV slots", m.o.slots);
+  if (c.head_dim > 256 || c.head_dim % 2 != 0)
+    fail(Errc::unsupported, "[cuda_model] head_dim {} (the GPU attention takes even head_dim <= 256)", c.head_dim);
+  std::string why;
+  if (!kc::device_available(&why)) fail(Errc::unsupported, "[cuda_model] no usable CUDA device: {}", why);
+  check(cudaStreamCreateWithFlags(&m.stream, cudaStreamNonBlocking), "stream");
+  m.embed = upload_embedding(require(lookup, "model.embed_tokens.weight", {c.vocab, c.dim}), c.vocab, c.dim);
+  m.lm_head = c.tied_embeddings ? prepare(require(lookup, "model.embed_tokens.weight", {c.vocab, c.dim}),
+                                          "model.embed_tokens.weight")
+                                : linear(lookup, "lm_head.weight", c.vocab, c.dim);
+  m.final_norm = vector(lookup, "model.norm.weight", c.dim);
+  for (int64_t l = 0; l < c.n_layers; ++l) m.layers.push_back(load_layer(lookup, c, l));
+  m.inv_freq = upload_floats(rope_inv_freq(c));
+  m.bytes = m.lm_head->weight_bytes();
+  for (const Layer& w : m.layers) m.bytes += layer_bytes(w);
+  m.allocate_activations();
+  const int64_t capacity = options.capacity > 0 ? options.capacity : std::min<int64_t>(c.max_seq, 256);
+  m.o.capacity = 0;
+  m.reserve(capacity);
+  kc::synchronize("cuda_model load");
+}
+
+CudaModel::~CudaModel() = default;
+
+const ModelConfig& CudaModel::config() const { return impl_->c; }
+const CudaModelOptions& CudaModel::options() const { return impl_->o; }
+uint64_t CudaModel::weight_bytes() const { return impl_->bytes; }
+void CudaModel::reserve(int64_t capacity) { impl_->reserve(capacity); }
+
+void CudaModel::set_rows(std::span<const int32_t> tokens, std::span<const int32_t> pos,
+                         std::span<const int32_t> slot) {
+  impl_->set_rows(tokens, pos, slot);
+}
+
+void CudaModel::step(std::span<const int32_t> tokens, std::span<const int32_t> pos, std::span<const int32_t> slot) {
+  impl_->set_rows(tokens, pos, slot);
+  impl_->run_step(impl_->last_batch);
+}
+
+void CudaModel::decode_greedy(int batch, int64_t steps) {
+  Impl& m = *impl_;
+  if (batch < 1 || batch > m.last_batch)
+    fail(Errc::internal, "[cuda_model] decode of {} rows after inputs for {}", batch, m.last_batch);
+  const int64_t last = *std::max_element(m.host_pos.begin(), m.host_pos.begin() + batch);
+  if (steps < 0 || last + steps > m.o.capacity)
+    fail(Errc::limit, "[cuda_model] {} steps from position {} exceed the context of {}", steps, last, m.o.capacity);
+  for (int64_t s = 0; s < steps; ++s) {
+    m.run_step(batch);
+    kc::launch_argmax(m.f(m.logits), m.c.vocab, batch, m.i(m.next), m.stream);
+    kc::launch_advance(m.i(m.next), m.i(m.tokens), m.i(m.pos), batch, m.stream);
+  }
+  kc::check_last_error("cuda_model decode_greedy");
+  for (int b = 0; b < batch; ++b) m.host_pos[b] += static_cast<int32_t>(steps);
+}
+
+void CudaModel::download_logits(int row_begin, int row_end, float* out) const {
+  const Impl& m = *impl_;
+  if (row_begin < 0 || row_begin > row_end || row_end > m.o.max_batch)
+    fail(Errc::internal, "[cuda_model] logits rows {}..{} of {}", row_begin, row_end, m.o.max_batch);
+  const size_t row_bytes = static_cast<size_t>(m.c.vocab) * sizeof(float);
+  check(cudaMemcpyAsync(out, m.logits.as<std::byte>() + row_begin * row_bytes, (row_end - row_begin) * row_bytes,
+                        cudaMemcpyDeviceToHost, m.stream),
+        "download logits");
+  synchronize();
+}
+
+void CudaModel::argmax(int batch, std::span<int32_t> out) const {
+  const Impl& m = *impl_;
+  kc::launch_argmax(m.f(m.logits), m.c.vocab, batch, m.i(m.next), m.stream);
+  kc::check_last_error("cuda_model argmax");
+  check(cudaMemcpyAsync(out.data(), m.next.data(), batch * sizeof(int32_t), cudaMemcpyDeviceToHost, m.stream),
+        "download argmax");
+  synchronize();
+}
+
+void CudaModel::download_tokens(int batch, std::span<int32_t> out) const {
+  const Impl& m = *impl_;
+  check(cudaMemcpyAsync(out.data(), m.tokens.data(), batch * sizeof(int32_t), cudaMemcpyDeviceToHost, m.stream),
+        "download tokens");
+  synchronize();
+}
+
+void CudaModel::set_matmuls_only(bool on) {
+  if (impl_->matmuls_only == on) return;
+  synchronize();
+  impl_->drop_graphs();
+  impl_->matmuls_only = on;
+}
+
+void CudaModel::synchronize() const {
+  check(cudaStreamSynchronize(impl_->stream), "synchronize");
+  kc::check_last_error("cuda_model");
+}
+
+}  // namespace lowbit::model

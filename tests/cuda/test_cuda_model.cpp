@@ -1,0 +1,254 @@
+// The GPU model runtime against the CPU forward pass: logits of small random models (dense f32 and affine 4-bit,
+// every architecture flag, prefill chunks and decode steps, batched sequences), graph replay against eager
+// launches, and stories260K's greedy tokens. Skips when no CUDA device is present.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <numeric>
+#include <random>
+
+#include "lowbit/core/error.h"
+#include "lowbit/core/thread_pool.h"
+#include "lowbit/kernels/cuda.h"
+#include "lowbit/model/cuda_model.h"
+#include "lowbit/model/sampler.h"
+#include "model/tiny_model.h"
+
+namespace lowbit::model {
+namespace {
+
+namespace fs = std::filesystem;
+
+class CudaModelTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (!kernels::cuda::device_available(&why)) GTEST_SKIP() << "no usable CUDA device: " << why;
+  }
+  ThreadPool pool{2};
+};
+
+// ||a - b|| / ||b||; NaN (an unwritten or broken output) never passes a bound.
+double relative_error(const std::vector<float>& a, const std::vector<float>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
+    den += static_cast<double>(b[i]) * b[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-30));
+}
+
+// Logits [tokens, vocab]: a prefill of the first `prefill` tokens (every position), then one decode step each.
+std::vector<float> run_logits(const Model& m, const std::vector<int32_t>& tokens, int64_t prefill, ThreadPool& pool) {
+  const auto n = static_cast<int64_t>(tokens.size());
+  KvCache cache(m.config, n);
+  std::vector<float> out(static_cast<size_t>(n * m.config.vocab));
+  forward(m, cache, std::span(tokens).first(prefill), 0, out.data(), true, pool);
+  for (int64_t i = prefill; i < n; ++i)
+    forward(m, cache, std::span(&tokens[i], 1), i, out.data() + i * m.config.vocab, false, pool);
+  return out;
+}
+
+std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<int32_t> d(0, static_cast<int32_t>(vocab - 1));
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (auto& x : t) x = d(rng);
+  return t;
+}
+
+ModelConfig variant_config(int variant) {
+  ModelConfig c = testing::tiny_config();
+  if (variant == 1) c.rope_style = RopeStyle::interleaved;
+  if (variant == 2) c.qkv_bias = true;
+  if (variant == 3) {
+    c.qk_norm = true;
+    c.head_dim = 8;  // qwen3 sets head_dim apart from dim / n_heads
+  }
+  return c;
+}
+
+// 20 tokens: a prefill of 18 (two GPU chunks, 16 + 2) and two decode steps.
+TEST_F(CudaModelTest, DenseLogitsMatchCpuForEveryArchitectureFlag) {
+  for (int variant = 0; variant < 4; ++variant) {
+    const ModelConfig c = variant_config(variant);
+    const auto cpu = testing::tiny_model(c, 7);
+    auto gpu = testing::tiny_model(c, 7);
+    use_device(*gpu, "cuda");
+    const auto tokens = random_tokens(20, c.vocab, variant);
+    const double err = relative_error(run_logits(*gpu, tokens, 18, pool), run_logits(*cpu, tokens, 18, pool));
+    EXPECT_LT(err, 1e-4) << "variant " << variant;
+  }
+}
+
+// A random model whose 2-D weights (embedding included) are stored in `codec_id`, for GPU/CPU comparisons.
+std::unique_ptr<Model> encoded_model(const ModelConfig& c, const std::string& codec_id, const codec::Params& params,
+                                     uint64_t seed) {
+  const auto dense = testing::tiny_model(c, seed);
+  const codec::Codec& codec = codec::codec_or_throw(codec_id, "test");
+  auto storage = std::make_shared<std::vector<codec::EncodedTensor>>();
+  storage->reserve(dense->tensors.size());
+  ModelBuilder b;
+  for (const NamedTensor& t : dense->tensors) {
+    if (t.ref.shape.size() != 2) {
+      b.add_f32(t.name, t.ref.shape, codec::decode_all(t.ref));
+      continue;
+    }
+    const std::vector<float> w = codec::decode_all(t.ref);
+    codec::EncodedTensor& e = storage->emplace_back(codec.encode(params, t.ref.shape, w.data(), {}));
+    b.add(t.name, {&codec, e.params, t.ref.shape, e.views()});
+  }
+  b.keep_alive(storage);
+  return b.finish(c, "encoded tiny");
+}
+
+ModelConfig wider_config() {
+  ModelConfig c = testing::tiny_config();
+  c.dim = 64;
+  c.hidden_dim = 160;
+  c.n_heads = 4;
+  c.n_kv_heads = 2;
+  c.head_dim = 16;
+  c.vocab = 96;
+  return c;
+}
+
+TEST_F(CudaModelTest, Affine4LogitsMatchCpu) {
+  const ModelConfig c = wider_config();
+  const codec::Params affine4 = {{"bits", 4}, {"group_size", 32}, {"scale_dtype", "bf16"}};
+  const auto cpu = encoded_model(c, "affine", affine4, 3);
+  auto gpu = encoded_model(c, "affine", affine4, 3);
+  use_device(*gpu, "cuda");
+  const auto tokens = random_tokens(24, c.vocab, 11);
+  EXPECT_LT(relative_error(run_logits(*gpu, tokens, 20, pool), run_logits(*cpu, tokens, 20, pool)), 1e-4);
+}
+
+// Logits of rows 0..batch-1 after one step.
+std::vector<float> step_logits(CudaModel& gpu, std::span<const int32_t> tokens, std::span<const int32_t> pos,
+                               std::span<const int32_t> slot) {
+  gpu.step(tokens, pos, slot);
+  std::vector<float> out(tokens.size() * gpu.config().vocab);
+  gpu.download_logits(0, static_cast<int>(tokens.size()), out.data());
+  return out;
+}
+
+TensorLookup lookup_of(const Model& m) {
+  return [&m](const std::string& name) {
+    const NamedTensor* t = m.find(name);
+    return t ? &t->ref : nullptr;
+  };
+}
+
+// Three sequences decoded side by side in one batch (slots 0..2) give each sequence's CPU logits; the replayed
+// graph gives exactly what eager launches give.
+TEST_F(CudaModelTest, BatchedDecodeMatchesCpuAndGraphReplayMatchesEager) {
+  const ModelConfig c = wider_config();
+  const auto cpu = testing::tiny_model(c, 5);
+  constexpr int kBatch = 3, kSteps = 6;
+  std::vector<std::vector<int32_t>> seqs;
+  std::vector<std::vector<float>> expected;
+  for (int b = 0; b < kBatch; ++b) {
+    seqs.push_back(random_tokens(kSteps, c.vocab, 100 + b));
+    expected.push_back(run_logits(*cpu, seqs.back(), 1, pool));
+  }
+  CudaModel graph(c, lookup_of(*cpu), {.max_batch = kBatch, .capacity = 16, .use_graphs = true});
+  CudaModel eager(c, lookup_of(*cpu), {.max_batch = kBatch, .capacity = 16, .use_graphs = false});
+  const std::vector<int32_t> slots{0, 1, 2};
+  for (int s = 0; s < kSteps; ++s) {
+    const std::vector<int32_t> tokens{seqs[0][s], seqs[1][s], seqs[2][s]}, pos(kBatch, s);
+    const std::vector<float> g = step_logits(graph, tokens, pos, slots), e = step_logits(eager, tokens, pos, slots);
+    EXPECT_EQ(g, e) << "step " << s;
+    for (int b = 0; b < kBatch; ++b) {
+      const std::vector<float> row(g.begin() + b * c.vocab, g.begin() + (b + 1) * c.vocab);
+      const std::vector<float> want(expected[b].begin() + s * c.vocab, expected[b].begin() + (s + 1) * c.vocab);
+      EXPECT_LT(relative_error(row, want), 1e-4) << "step " << s << " row " << b;
+    }
+  }
+}
+
+TEST_F(CudaModelTest, HalfPrecisionKvCacheStaysClose) {
+  const ModelConfig c = wider_config();
+  const auto cpu = testing::tiny_model(c, 9);
+  const auto tokens = random_tokens(8, c.vocab, 3);
+  const std::vector<float> want = run_logits(*cpu, tokens, 1, pool);
+  for (const KvType kv : {KvType::f16, KvType::bf16}) {
+    CudaModel gpu(c, lookup_of(*cpu), {.max_batch = 1, .capacity = 8, .kv_type = kv});
+    std::vector<float> got;
+    for (int32_t i = 0; i < 8; ++i) {
+      const std::vector<float> row = step_logits(gpu, std::span(&tokens[i], 1), std::vector<int32_t>{i}, std::vector<int32_t>{0});
+      got.insert(got.end(), row.begin(), row.end());
+    }
+    EXPECT_LT(relative_error(got, want), 2e-2);
+  }
+}
+
+// Greedy decoding on the device (argmax fed back without the host) follows the CPU's greedy tokens.
+TEST_F(CudaModelTest, DeviceGreedyLoopMatchesCpuGreedy) {
+  const ModelConfig c = wider_config();
+  const auto cpu = testing::tiny_model(c, 13);
+  constexpr int kSteps = 10;
+  KvCache cache(c, kSteps + 1);
+  std::vector<float> logits(static_cast<size_t>(c.vocab));
+  std::vector<int32_t> want{7};
+  for (int i = 0; i < kSteps; ++i) {
+    forward(*cpu, cache, std::span(&want.back(), 1), i, logits.data(), false, pool);
+    want.push_back(argmax(logits));
+  }
+  CudaModel gpu(c, lookup_of(*cpu), {.max_batch = 1, .capacity = kSteps + 1});
+  gpu.set_rows(std::vector<int32_t>{7}, std::vector<int32_t>{0}, std::vector<int32_t>{0});
+  gpu.decode_greedy(1, kSteps);
+  std::vector<int32_t> last(1);
+  gpu.download_tokens(1, last);
+  EXPECT_EQ(last[0], want.back());
+}
+
+TEST_F(CudaModelTest, UnsupportedCodecNamesTheTensor) {
+  const ModelConfig c = wider_config();
+  const codec::Params affine6 = {{"bits", 6}, {"group_size", 32}, {"scale_dtype", "bf16"}};
+  auto m = encoded_model(c, "affine", affine6, 2);
+  try {
+    kernels::cuda::prepare_cuda(m->find("model.layers.0.self_attn.q_proj.weight")->ref);
+    GTEST_SKIP() << "affine 6 bits has a CUDA kernel now; nothing left to refuse";
+  } catch (const Error& e) {
+    ASSERT_EQ(e.code(), Errc::unsupported);
+  }
+  try {
+    use_device(*m, "cuda");
+    FAIL() << "expected Errc::unsupported";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::unsupported);
+    EXPECT_NE(std::string(e.what()).find("tensor '"), std::string::npos) << e.what();
+  }
+}
+
+fs::path stories_dir() {
+  const char* env = std::getenv("LOWBIT_SHARED_DIR");
+  return fs::path(env ? env : LOWBIT_SHARED_DIR) / "models" / "stories260K";
+}
+
+TEST_F(CudaModelTest, Stories260KGreedyTokensMatchCpu) {
+  const fs::path bin = stories_dir() / "stories260K.bin";
+  if (!fs::exists(bin)) GTEST_SKIP() << bin << " is absent (set LOWBIT_SHARED_DIR)";
+  const auto cpu = load_model(bin);
+  auto gpu = load_model(bin);
+  use_device(*gpu, "cuda");
+  const auto greedy = [&](const Model& m) {
+    constexpr int64_t kSteps = 100;
+    KvCache cache(m.config, kSteps + 4);
+    std::vector<float> logits(static_cast<size_t>(m.config.vocab));
+    std::vector<int32_t> tokens{1, 403, 407};  // BOS and two story tokens: a 3-token prefill, then decode
+    forward(m, cache, tokens, 0, logits.data(), false, pool);
+    for (int64_t i = 0; i < kSteps; ++i) {
+      tokens.push_back(argmax(logits));
+      forward(m, cache, std::span(&tokens.back(), 1), static_cast<int64_t>(tokens.size()) - 1, logits.data(), false,
+              pool);
+    }
+    return tokens;
+  };
+  EXPECT_EQ(greedy(*gpu), greedy(*cpu));
+}
+
+}  // namespace
+}  // namespace lowbit::model
