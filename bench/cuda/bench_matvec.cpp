@@ -168,7 +168,8 @@ int main(int argc, char** argv) {
     };
     const std::vector<Case> cases = {{"dense_bf16", "dense", {{"dtype", "bf16"}}},
                                      aff(4, 128), aff(8, 128), aff(4, 64), aff(3, 64), aff(2, 64),
-                                     trellis(2, "1mad"), trellis(3, "1mad"), trellis(2, "3inst")};
+                                     trellis(2, "1mad"), trellis(3, "1mad"), trellis(2, "3inst"),
+                                     {"offset_q4", "offset_scale", {{"precision", "q4"}}}};
     std::vector<Row> rows;
     auto add = [&](const Row& r) {
       rows.push_back(r);

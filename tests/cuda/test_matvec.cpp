@@ -9,6 +9,7 @@
 
 #include "lowbit/codec/codec.h"
 #include "lowbit/core/error.h"
+#include "kernels/cuda/prepare.h"
 #include "lowbit/kernels/cuda.h"
 #include "cuda/random_tensor.h"
 
@@ -107,6 +108,31 @@ TEST_F(CudaMatvec, AffineMmaSplitKMatchesDecodeRows) {
         EXPECT_LT(matmul_error(e.ref, m, rng), 2e-5);
       }
     }
+}
+
+// The affine form of an offset_scale tensor decodes to the same weights (host only: runs without a GPU).
+TEST(CudaPrepare, OffsetScaleAsAffineDecodesTheSame) {
+  std::mt19937_64 rng(5);
+  for (const char* precision : {"q4", "q3", "q3_full8"}) {
+    const Encoded e = encode("offset_scale", {{"precision", precision}}, 37, 200, rng);
+    const codec::EncodedTensor affine = offset_scale_as_affine(e.ref);
+    const codec::TensorRef ref{&codec::codec_or_throw("affine", "test"), affine.params, e.ref.shape, affine.views()};
+    codec::validate_tensor(ref, "test");
+    EXPECT_EQ(codec::decode_all(ref), codec::decode_all(e.ref)) << precision;
+  }
+}
+
+// offset_scale runs through the affine kernels (bias = -offset * scale).
+TEST_F(CudaMatvec, OffsetScaleMatchesDecodeRows) {
+  std::uniform_int_distribution<int64_t> rows_d(1, 200), cols_d(1, 900);
+  for (const char* precision : {"q4", "q3", "q3_full8"}) {
+    const int64_t rows = rows_d(rng), cols = cols_d(rng);
+    const Encoded e = encode("offset_scale", {{"precision", precision}}, rows, cols, rng);
+    for (int m : {1, 5, 16}) {
+      SCOPED_TRACE(::testing::Message() << precision << " [" << rows << ", " << cols << "], m " << m);
+      EXPECT_LT(matmul_error(e.ref, m, rng), 2e-5);
+    }
+  }
 }
 
 TEST_F(CudaMatvec, DenseMatchesDecodeRows) {

@@ -8,15 +8,44 @@
 #include <vector>
 
 #include "kernels/cuda/matvec.h"
+#include "kernels/cuda/prepare.h"
 #include "kernels/cuda/trellis.h"
 #include "lowbit/codec/affine.h"
 #include "lowbit/codec/dense.h"
+#include "lowbit/codec/offset_scale.h"
 #include "lowbit/codec/trellis.h"
 #include "lowbit/core/checked.h"
 #include "lowbit/core/error.h"
 #include "lowbit/kernels/cuda.h"
 
 namespace lowbit::kernels::cuda {
+
+// offset_scale: w = scale (q - offset) is affine with bias = -offset scale. Its codes are the same LSB-first
+// bit stream (rows of whole 64-code groups, so whole u32 words); scales and biases become f32 arrays.
+codec::EncodedTensor offset_scale_as_affine(const codec::TensorRef& t) {
+  namespace os = codec::offset_scale;
+  const os::Layout l = os::layout(t.params, t.shape);
+  const TensorView &codes = t.arrays.at("codes"), &scales = t.arrays.at("scales");
+  const int64_t groups = l.groups_per_row();
+  codec::EncodedTensor affine;
+  affine.params = {{"bits", l.grid.bits}, {"group_size", os::kGroupSize}, {"scale_dtype", "f32"},
+                   {"padded_cols", l.padded_cols}};
+  TensorBuffer words = make_buffer(DType::U32, {l.rows, l.row_bytes() / 4});
+  std::memcpy(words.bytes.data(), codes.bytes.data(), words.bytes.size());
+  for (int64_t r = 0; r < l.rows; ++r)  // offset_scale pads with the zero point, affine with code 0
+    for (int64_t c = l.cols; c < l.padded_cols; ++c)
+      codec::affine::write_code(words.as<uint32_t>() + r * (l.row_bytes() / 4), c, l.grid.bits, 0);
+  TensorBuffer affine_scales = make_buffer(DType::F32, {l.rows, groups}), biases = make_buffer(DType::F32, {l.rows, groups});
+  for (int64_t i = 0; i < l.rows * groups; ++i) {
+    const float s = load_float(DType::F16, scales.bytes.data(), static_cast<size_t>(i));
+    affine_scales.as<float>()[i] = s;
+    biases.as<float>()[i] = -static_cast<float>(l.grid.offset) * s;
+  }
+  affine.arrays.emplace_back("codes", std::move(words));
+  affine.arrays.emplace_back("scales", std::move(affine_scales));
+  affine.arrays.emplace_back("biases", std::move(biases));
+  return affine;
+}
 
 namespace {
 
@@ -148,6 +177,8 @@ class AffineLinear final : public CudaLinear {
     affine_matmul(w_, x, m, y, s);
   }
   uint64_t weight_bytes() const override { return bytes_; }
+  // Counts `bytes` as the weight's stored size (a codec re-expressed as affine stores fewer).
+  void set_weight_bytes(uint64_t bytes) { bytes_ = bytes; }
 
  private:
   void upload_coalesced_codes(const codec::affine::Layout& l, const TensorView& codes) {
@@ -281,6 +312,14 @@ class TrellisLinear final : public CudaLinear {
   uint64_t bytes_ = 0;
 };
 
+std::unique_ptr<CudaLinear> prepare_offset_scale(const codec::TensorRef& t) {
+  const codec::EncodedTensor affine = offset_scale_as_affine(t);
+  const codec::TensorRef ref{&codec::codec_or_throw("affine", "prepare_cuda"), affine.params, t.shape, affine.views()};
+  auto linear = std::make_unique<AffineLinear>(ref);
+  linear->set_weight_bytes(t.arrays.at("codes").bytes.size() + t.arrays.at("scales").bytes.size());
+  return linear;
+}
+
 template <class T>
 std::unique_ptr<CudaLinear> make(const codec::TensorRef& t) {
   return std::make_unique<T>(t);
@@ -294,6 +333,7 @@ struct CudaKernelEntry {
 constexpr std::array kCudaKernels{
     CudaKernelEntry{"dense", make<DenseLinear>},
     CudaKernelEntry{"affine", make<AffineLinear>},
+    CudaKernelEntry{"offset_scale", prepare_offset_scale},
     CudaKernelEntry{"trellis", make<TrellisLinear>},
 };
 
