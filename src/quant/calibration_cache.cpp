@@ -28,7 +28,7 @@ constexpr char kMagic[8] = {'L', 'B', 'C', 'A', 'L', 'I', 'B', '1'};
 constexpr int kFormat = 1;
 constexpr uint64_t kMaxHeaderBytes = 1 << 20;
 constexpr std::array<Hessian LayerHessians::*, 4> kInputs{&LayerHessians::attn_in, &LayerHessians::attn_out,
-                                                         &LayerHessians::ffn_in, &LayerHessians::ffn_mid};
+                                                          &LayerHessians::ffn_in, &LayerHessians::ffn_mid};
 constexpr std::array<std::string_view, 4> kInputNames{"attn_in", "attn_out", "ffn_in", "ffn_mid"};
 
 std::string sha256_of_text(std::string_view text) { return sha256_hex(std::as_bytes(std::span(text))); }
@@ -48,15 +48,18 @@ uint64_t stored_values(int64_t dim, bool upper) {
 // Writes `parts` to `path` through a temporary file in the same directory, fsynced, then renamed over it.
 void write_atomically(const fs::path& path, std::initializer_list<std::span<const std::byte>> parts) {
   std::random_device rd;
-  const fs::path tmp = path.parent_path() / fmt::format(".{}.tmp-{}-{:08x}", path.filename().string(), ::getpid(), rd());
+  const fs::path tmp =
+      path.parent_path() / fmt::format(".{}.tmp-{}-{:08x}", path.filename().string(), ::getpid(), rd());
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd < 0) fail_errno("calibration cache", tmp.string());
   bool ok = true;
   for (auto part : parts)
     for (size_t at = 0; ok && at < part.size();) {
       const ssize_t n = ::write(fd, part.data() + at, part.size() - at);
-      if (n <= 0) ok = false;
-      else at += static_cast<size_t>(n);
+      if (n <= 0)
+        ok = false;
+      else
+        at += static_cast<size_t>(n);
     }
   ok = ok && ::fsync(fd) == 0;
   ok = ::close(fd) == 0 && ok;
@@ -71,7 +74,7 @@ void write_atomically(const fs::path& path, std::initializer_list<std::span<cons
 // Strict reading of one header field: present, of the expected kind, else an error naming file and field.
 class HeaderReader {
  public:
-  HeaderReader(const json& j, const fs::path& path) : j_(j), path_(path) {}
+  explicit HeaderReader(const fs::path& path) : path_(path) {}
   [[noreturn]] void bad(std::string_view field, std::string_view why) const {
     fail(Errc::format, "[calibration cache] {}: field '{}' {}", path_.string(), field, why);
   }
@@ -79,7 +82,8 @@ class HeaderReader {
     const auto it = obj.find(field);
     if (it == obj.end()) bad(field, "is missing");
     const bool integer = kind == json::value_t::number_unsigned;
-    if (integer ? !it->is_number_unsigned() : it->type() != kind) bad(field, fmt::format("is not {}", integer ? "an unsigned integer" : "of the expected type"));
+    if (integer ? !it->is_number_unsigned() : it->type() != kind)
+      bad(field, integer ? "is not an unsigned integer" : "has the wrong type");
     return *it;
   }
   uint64_t uint(const json& obj, std::string_view field) const {
@@ -92,10 +96,8 @@ class HeaderReader {
     for (const auto& [k, v] : obj.items())
       if (std::find(keys.begin(), keys.end(), k) == keys.end()) bad(k, "is not a known field");
   }
-  const json& root() const { return j_; }
 
  private:
-  const json& j_;
   const fs::path& path_;
 };
 
@@ -122,11 +124,11 @@ json CalibrationCache::base_key(std::string_view pass, const std::vector<std::st
 }
 
 CalibrationCache::CalibrationCache(fs::path dir, const json& base_key)
-    : dir_(std::move(dir)), pass_(base_key.at("pass").get<std::string>()),
-      key_(sha256_of_text(base_key.dump())) {
+    : dir_(std::move(dir)), pass_(base_key.at("pass").get<std::string>()), key_(sha256_of_text(base_key.dump())) {
   std::error_code ec;
   fs::create_directories(dir_, ec);
-  if (!fs::is_directory(dir_)) fail(Errc::io, "[calibration cache] {}: not a directory ({})", dir_.string(), ec.message());
+  if (!fs::is_directory(dir_))
+    fail(Errc::io, "[calibration cache] {}: not a directory ({})", dir_.string(), ec.message());
   finish_layer(-1);
 }
 
@@ -167,17 +169,22 @@ void CalibrationCache::write(int64_t layer, const LayerHessians& hessians, doubl
   for (size_t k = 0; k < kInputs.size(); ++k) {
     const Hessian& h = hessians.*kInputs[k];
     const bool upper = symmetric(h);
-    entries.push_back({{"input", kInputNames[k]}, {"dim", h.dim}, {"samples", h.samples}, {"layout", upper ? "upper" : "full"}});
+    entries.push_back(
+        {{"input", kInputNames[k]}, {"dim", h.dim}, {"samples", h.samples}, {"layout", upper ? "upper" : "full"}});
     for (int64_t i = 0; i < h.dim; ++i) {
       const double* row = h.h.data() + i * h.dim + (upper ? i : 0);
       const auto bytes = std::as_bytes(std::span(row, static_cast<size_t>(upper ? h.dim - i : h.dim)));
       payload.insert(payload.end(), bytes.begin(), bytes.end());
     }
   }
-  const json header{{"format", kFormat},  {"key", key_},
-                    {"pass", pass_},      {"layer", layer},
-                    {"hessians", entries}, {"payload_bytes", payload.size()},
-                    {"payload_sha256", sha256_hex(payload)}, {"seconds", seconds}};
+  const json header{{"format", kFormat},
+                    {"key", key_},
+                    {"pass", pass_},
+                    {"layer", layer},
+                    {"hessians", entries},
+                    {"payload_bytes", payload.size()},
+                    {"payload_sha256", sha256_hex(payload)},
+                    {"seconds", seconds}};
   const std::string text = header.dump();
   const uint64_t length = text.size();
   write_atomically(entry_path(layer), {std::as_bytes(std::span(kMagic)), std::as_bytes(std::span(&length, 1)),
@@ -198,38 +205,44 @@ std::optional<CachedLayer> CalibrationCache::read(int64_t layer, const LayerInpu
   uint64_t length = 0;
   std::memcpy(&length, bytes.data() + sizeof kMagic, sizeof length);
   const uint64_t body = bytes.size() - sizeof kMagic - 8;
-  if (length > kMaxHeaderBytes || length > body) bad(Errc::truncated, "header length", fmt::format("{} exceeds the file", length));
+  if (length > kMaxHeaderBytes || length > body)
+    bad(Errc::truncated, "header length", fmt::format("{} exceeds the file", length));
   const json j = io::parse_json(std::string_view(reinterpret_cast<const char*>(bytes.data()) + 16, length),
                                 "calibration cache", path.string());
-  const HeaderReader r(j, path);
+  const HeaderReader r(path);
   if (!j.is_object()) r.bad("header", "is not an object");
   r.only(j, {"format", "key", "pass", "layer", "hessians", "payload_bytes", "payload_sha256", "seconds"});
   if (r.uint(j, "format") != kFormat) r.bad("format", "is not 1");
   if (r.str(j, "key") != key_) r.bad("key", "does not match this run's key");
   if (r.str(j, "pass") != pass_) r.bad("pass", fmt::format("is not '{}'", pass_));
   if (layer < 0 || r.uint(j, "layer") != static_cast<uint64_t>(layer)) r.bad("layer", fmt::format("is not {}", layer));
-  const json& seconds = j.find("seconds") != j.end() ? j["seconds"] : json();
-  if (!seconds.is_number() || !(seconds.get<double>() >= 0)) r.bad("seconds", "is not a number >= 0");
+  const auto seconds = j.find("seconds");
+  if (seconds == j.end() || !seconds->is_number() || !(seconds->get<double>() >= 0))
+    r.bad("seconds", "is not a number >= 0");
   const std::span<const std::byte> payload = bytes.subspan(16 + length);
-  if (r.uint(j, "payload_bytes") != payload.size()) bad(Errc::size_mismatch, "field 'payload_bytes'", "differs from the file");
-  if (r.str(j, "payload_sha256") != sha256_hex(payload)) bad(Errc::hash_mismatch, "field 'payload_sha256'", "differs from the payload");
+  if (r.uint(j, "payload_bytes") != payload.size())
+    bad(Errc::size_mismatch, "field 'payload_bytes'", "differs from the file");
+  if (r.str(j, "payload_sha256") != sha256_hex(payload))
+    bad(Errc::hash_mismatch, "field 'payload_sha256'", "differs from the payload");
   const json& list = r.at(j, "hessians", json::value_t::array);
   if (list.size() != kInputs.size()) r.bad("hessians", "does not list the 4 linear inputs");
   CachedLayer out;
-  out.seconds = seconds.get<double>();
+  out.seconds = seconds->get<double>();
   uint64_t at = 0;
   for (size_t k = 0; k < kInputs.size(); ++k) {
     const json& e = list[k];
     if (!e.is_object()) r.bad("hessians", "holds a non-object");
     r.only(e, {"input", "dim", "samples", "layout"});
-    if (r.str(e, "input") != kInputNames[k]) r.bad("input", fmt::format("of Hessian {} is not '{}'", k, kInputNames[k]));
+    if (r.str(e, "input") != kInputNames[k])
+      r.bad("input", fmt::format("of Hessian {} is not '{}'", k, kInputNames[k]));
     if (r.uint(e, "dim") != static_cast<uint64_t>(dims[k]))
       bad(Errc::shape, "field 'dim'", fmt::format("of {} is not the model's {}", kInputNames[k], dims[k]));
     const std::string layout = r.str(e, "layout");
     if (layout != "upper" && layout != "full") r.bad("layout", "is not 'upper' or 'full'");
     const bool upper = layout == "upper";
     const uint64_t n = stored_values(dims[k], upper);
-    if (n > (payload.size() - at) / sizeof(double)) bad(Errc::truncated, "payload", fmt::format("ends inside {}", kInputNames[k]));
+    if (n > (payload.size() - at) / sizeof(double))
+      bad(Errc::truncated, "payload", fmt::format("ends inside {}", kInputNames[k]));
     Hessian& h = out.hessians.*kInputs[k];
     h.dim = dims[k];
     h.samples = r.uint(e, "samples");
@@ -240,7 +253,8 @@ std::optional<CachedLayer> CalibrationCache::read(int64_t layer, const LayerInpu
       for (int64_t jj = upper ? i : 0; jj < h.dim; ++jj, ++v) {
         double x;
         std::memcpy(&x, values + v * sizeof x, sizeof x);
-        if (!std::isfinite(x)) bad(Errc::non_finite, "payload", fmt::format("{}[{}, {}] is not finite", kInputNames[k], i, jj));
+        if (!std::isfinite(x))
+          bad(Errc::non_finite, "payload", fmt::format("{}[{}, {}] is not finite", kInputNames[k], i, jj));
         h.h[i * h.dim + jj] = x;
         if (upper) h.h[jj * h.dim + i] = x;
       }

@@ -48,14 +48,20 @@ LayerHessians random_layer(uint64_t seed) {
 }
 
 void expect_same(const LayerHessians& a, const LayerHessians& b) {
-  for (auto member : {&LayerHessians::attn_in, &LayerHessians::attn_out, &LayerHessians::ffn_in, &LayerHessians::ffn_mid}) {
+  for (auto member :
+       {&LayerHessians::attn_in, &LayerHessians::attn_out, &LayerHessians::ffn_in, &LayerHessians::ffn_mid}) {
     EXPECT_EQ((a.*member).dim, (b.*member).dim);
     EXPECT_EQ((a.*member).samples, (b.*member).samples);
     EXPECT_EQ((a.*member).h, (b.*member).h);
   }
 }
 
-CalibrationText tiny_text() { return {{{1, 5, 9, 2}, {1, 7}}, "0123", }; }
+CalibrationText tiny_text() {
+  return {
+      {{1, 5, 9, 2}, {1, 7}},
+      "0123",
+  };
+}
 
 template <class Fn>
 void expect_rejected(Errc code, std::string_view field, Fn&& fn) {
@@ -95,8 +101,10 @@ TEST(CalibrationCache, EntriesRoundTripExactlyAndKeysChain) {
                            CalibrationCache::base_key("quantize", {"ac"}, tiny_text(), false, 0),
                            CalibrationCache::base_key("quantize", {"ab"}, tiny_text(), true, 0),
                            CalibrationCache::base_key("quantize", {"ab"}, {{{1, 5, 9, 3}, {1, 7}}, "0123"}, false, 0)})
-    EXPECT_NE(CalibrationCache(tmp.path / "cache", base).key(),
-              CalibrationCache(tmp.path / "cache", CalibrationCache::base_key("quantize", {"ab"}, tiny_text(), false, 0)).key());
+    EXPECT_NE(
+        CalibrationCache(tmp.path / "cache", base).key(),
+        CalibrationCache(tmp.path / "cache", CalibrationCache::base_key("quantize", {"ab"}, tiny_text(), false, 0))
+            .key());
 }
 
 TEST(CalibrationCache, BadEntriesAreRejectedNamingFileAndField) {
@@ -106,7 +114,9 @@ TEST(CalibrationCache, BadEntriesAreRejectedNamingFileAndField) {
   const fs::path entry = cache.entry_path(2);
   std::ifstream in(entry, std::ios::binary);
   const std::string good((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const auto rewrite = [&](const std::string& bytes) { std::ofstream(entry, std::ios::binary | std::ios::trunc) << bytes; };
+  const auto rewrite = [&](const std::string& bytes) {
+    std::ofstream(entry, std::ios::binary | std::ios::trunc) << bytes;
+  };
 
   expect_rejected(Errc::shape, "dim", [&] { cache.read(2, {4, 3, 4, 5}); });
   std::string flipped = good;
@@ -133,7 +143,8 @@ TEST(CalibrationCache, BadEntriesAreRejectedNamingFileAndField) {
 TEST(CalibrationCache, SecondQuantizeReusesEveryLayerAndMatchesByteForByte) {
   const fs::path dir = fs::path(LOWBIT_SHARED_DIR) / "models/stories260K";
   const fs::path text = fs::path(LOWBIT_SHARED_DIR) / "data/tinystories-valid-excerpt.txt";
-  if (!fs::exists(dir / "stories260K.bin") || !fs::exists(text)) GTEST_SKIP() << dir << " absent (../shared not mounted)";
+  if (!fs::exists(dir / "stories260K.bin") || !fs::exists(text))
+    GTEST_SKIP() << dir << " absent (../shared not mounted)";
   TempDir tmp;
   QuantizeOptions o;
   o.source = dir / "stories260K.bin";

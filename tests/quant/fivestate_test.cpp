@@ -61,7 +61,7 @@ TEST(Fivestate, NarrowOrBadlyDividedWidthsFallBackToAffine) {
   const auto codec_of = [&](const char* name, Shape shape) { return r.choose(name, shape).codec; };
   EXPECT_EQ(codec_of("model.layers.0.mlp.down_proj.weight", {576, 1536}), "two_plane");
   EXPECT_EQ(codec_of("model.layers.0.self_attn.q_proj.weight", {576, 576}), "two_plane");  // pads 576 to 640
-  EXPECT_EQ(codec_of("model.layers.0.self_attn.q_proj.weight", {64, 64}), "affine");      // stories260K
+  EXPECT_EQ(codec_of("model.layers.0.self_attn.q_proj.weight", {64, 64}), "affine");       // stories260K
   EXPECT_EQ(codec_of("model.layers.0.mlp.down_proj.weight", {64, 172}), "affine");
   EXPECT_EQ(codec_of("lm_head.weight", {512, 64}), "affine");
   // The fallback survives the recipe's round trip through the artifact's provenance.

@@ -1,5 +1,6 @@
 // Quantizing a GGUF source stores its tokenizer in the artifact: the runtime reads it back without --tokenizer and
 // generates the same tokens as with the source's tokenizer.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -7,8 +8,6 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
-
-#include <fmt/format.h>
 
 #include "io/gguf_builder.h"
 #include "lowbit/model/model.h"
@@ -37,7 +36,14 @@ void add_llama_tokenizer(io::GgufBuilder& g, std::vector<std::string>& tokens) {
   };
   add("<unk>", 0, 2), add("<s>", 0, 3), add("</s>", 0, 3);
   for (int b = 0; b < 256; ++b) add(fmt::format("<0x{:02X}>", b), 0, 6);
-  for (const char* piece : {"\xe2\x96\x81", "a", "b", "\xe2\x96\x81" "a", "\xe2\x96\x81" "b", "ab", "ba", "\xe2\x96\x81" "ab"})
+  for (const char* piece : {"\xe2\x96\x81", "a", "b",
+                            "\xe2\x96\x81"
+                            "a",
+                            "\xe2\x96\x81"
+                            "b",
+                            "ab", "ba",
+                            "\xe2\x96\x81"
+                            "ab"})
     add(piece, -static_cast<float>(tokens.size()), 1);
   g.kv_string("tokenizer.ggml.model", "llama");
   g.kv_strings("tokenizer.ggml.tokens", tokens);
@@ -84,7 +90,8 @@ fs::path write_gguf(const fs::path& dir) {
   tensor("blk.0.ffn_down.weight", {hidden, dim});
   const auto image = g.build();
   const fs::path path = dir / "tiny.gguf";
-  std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(image.data()), static_cast<std::streamsize>(image.size()));
+  std::ofstream(path, std::ios::binary)
+      .write(reinterpret_cast<const char*>(image.data()), static_cast<std::streamsize>(image.size()));
   return path;
 }
 
@@ -117,8 +124,8 @@ TEST(GgufTokenizer, StoredInTheArtifactAndReadBackWithoutTokenizerOption) {
   for (const char* text : {"ab ba", " a b ab", "b\xc3\xa9 z"})
     EXPECT_EQ(stored->encode(text, true), source->encode(text, true)) << text;
 
-  const std::string generate = fmt::format("'{}' generate '{}' -p 'ab ba ab' -n 12 --temp 0 2>/dev/null", LOWBIT_CLI,
-                                           o.destination.string());
+  const std::string generate =
+      fmt::format("'{}' generate '{}' -p 'ab ba ab' -n 12 --temp 0 2>/dev/null", LOWBIT_CLI, o.destination.string());
   const std::string without = stdout_of(generate);
   EXPECT_FALSE(without.empty());
   EXPECT_EQ(without, stdout_of(generate + fmt::format(" --tokenizer '{}'", o.source.string())));
