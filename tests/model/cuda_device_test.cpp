@@ -1,0 +1,71 @@
+// --device selection without a GPU: "cpu" keeps the CPU forward, "cuda" in a build without CUDA is a one-line
+// usage error (exit 2 from the CLI), and `lowbit bench` measures the CPU path. The GPU runtime itself is tested
+// in tests/cuda.
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "lowbit/core/error.h"
+#include "lowbit/model/cuda_model.h"
+#include "model/tiny_model.h"
+
+namespace lowbit::model {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Runs the lowbit binary with `args`; returns (exit status, stdout).
+std::pair<int, std::string> run_cli(const std::string& args) {
+  FILE* p = ::popen((std::string(LOWBIT_CLI) + " " + args + " 2>/dev/null").c_str(), "r");
+  std::string out;
+  char buf[4096];
+  while (size_t n = std::fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  const int status = ::pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+TEST(UseDevice, CpuKeepsTheCpuForwardAndUnknownDevicesAreUsageErrors) {
+  auto m = testing::tiny_model(testing::tiny_config());
+  use_device(*m, "cpu");
+  EXPECT_FALSE(m->device);
+  try {
+    use_device(*m, "tpu");
+    FAIL() << "expected Errc::usage";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::usage);
+  }
+}
+
+TEST(UseDevice, CudaInABuildWithoutCudaSaysSo) {
+  if (cuda_built()) GTEST_SKIP() << "this build has the CUDA backend (tests/cuda covers it)";
+  auto m = testing::tiny_model(testing::tiny_config());
+  try {
+    use_device(*m, "cuda");
+    FAIL() << "expected Errc::usage";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::usage);
+    EXPECT_NE(std::string(e.what()).find("built without CUDA"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(run_cli("bench --synthetic llama3-8b --device cuda").first, 2);
+}
+
+TEST(Bench, CpuReportsPrefillAndDecodeSpeed) {
+  const fs::path bin = fs::path(LOWBIT_SHARED_DIR) / "models" / "stories260K" / "stories260K.bin";
+  if (!fs::exists(bin)) GTEST_SKIP() << "../shared/models/stories260K is absent";
+  const auto [status, out] = run_cli("bench " + bin.string() + " --prompt 8 -n 4 --threads 1 --json");
+  ASSERT_EQ(status, 0) << out;
+  const auto j = nlohmann::json::parse(out);
+  ASSERT_EQ(j["rows"].size(), 1u);
+  EXPECT_GT(j["rows"][0]["prefill_tokens_per_s"].get<double>(), 0.0);
+  EXPECT_GT(j["rows"][0]["decode_tokens_per_s"].get<double>(), 0.0);
+  EXPECT_EQ(run_cli("bench " + bin.string() + " --batch 2").first, 2);
+}
+
+}  // namespace
+}  // namespace lowbit::model
