@@ -27,6 +27,7 @@ using nlohmann::json;
 
 constexpr uint64_t kMaxJsonBytes = 16 << 20;
 constexpr int64_t kMaxDim = int64_t{1} << 24;
+constexpr int64_t kMaxLayers = 1024;  // bounds the expected-parameter list a config can ask for
 constexpr int64_t kLinearsPerLayer = 7;  // q, k, v, o, gate, up, down: the seed's 196 = 7 x 28 layers
 constexpr std::string_view kEmbedding = "model.embed_tokens";
 
@@ -139,7 +140,8 @@ struct Dims {
 
 Dims text_dims(const json& hf, const std::string& source) {
   const auto get = [&](const char* key) { return int_field(hf, key, "text_config.", source); };
-  return {get("vocab_size"),          get("hidden_size"), get("intermediate_size"), get("num_hidden_layers"),
+  return {get("vocab_size"),          get("hidden_size"), get("intermediate_size"),
+          int_field(hf, "num_hidden_layers", "text_config.", source, 1, kMaxLayers),
           get("num_attention_heads"), get("num_key_value_heads"), get("head_dim"), hf["tie_word_embeddings"].get<bool>()};
 }
 
@@ -169,7 +171,9 @@ void text_slots(const Dims& d, std::vector<Slot>& out) {
 void audio_slots(const json& audio, const std::string& source, std::vector<Slot>& out) {
   std::map<std::string, int64_t> a;
   for (const auto& [key, fallback] : kAudioDefaults)
-    a[key] = audio.contains(key) ? int_field(audio, key, "audio_config.", source) : fallback;
+    a[key] = audio.contains(key) ? int_field(audio, key, "audio_config.", source, 1,
+                                             std::string_view(key) == "encoder_layers" ? kMaxLayers : kMaxDim)
+                                 : fallback;
   const int64_t d = a["d_model"], ds = a["downsample_hidden_size"], ffn = a["encoder_ffn_dim"];
   if (d % a["encoder_attention_heads"])
     fail(Errc::format, "[phonon] {}: audio_config.d_model {} is not divisible by encoder_attention_heads {}", source,
@@ -211,8 +215,8 @@ struct Affine {
 struct Declared {
   two_plane::Storage storage = two_plane::Storage::planes;
   bool slim = false;
-  std::map<std::string, int64_t> packed;  // module -> its position in `modules`
-  std::map<std::string, Affine> affine;   // hybrid: module -> its affine layout
+  std::set<std::string> packed;          // modules stored as two-plane linears
+  std::map<std::string, Affine> affine;  // hybrid: module -> its affine layout
   json recipe = json::object();           // what was declared, for the provenance
 };
 
@@ -252,12 +256,12 @@ void check_header(const json& m, int64_t layers, const std::string& source, Decl
     expect_format(*codes, "decoder_codes", {"ten-base5-per-24bit-v1", "five-value-3bit-v1"}, source);
     out.storage = codes->at("format") == "ten-base5-per-24bit-v1" ? two_plane::Storage::quint5 : two_plane::Storage::trit3;
   }
-  if (const json* hybrid = optional_object(m, "hybrid_quantization", source))
-    expect_format(*hybrid, "hybrid_quantization", {"mlx-native-affine-v1"}, source);
+  const json* hybrid = optional_object(m, "hybrid_quantization", source);
+  if (hybrid) expect_format(*hybrid, "hybrid_quantization", {"mlx-native-affine-v1"}, source);
   out.recipe = {{"modules", n},
                 {"decoder_codes", m.value("decoder_codes", json())},
                 {"decoder_metadata", m.value("decoder_metadata", json())},
-                {"hybrid_quantization", m.contains("hybrid_quantization") ? m["hybrid_quantization"].value("format", json()) : json()}};
+                {"hybrid_quantization", hybrid ? hybrid->at("format") : json()}};
 }
 
 // Each module row names a linear of the model once, with its features; in_features a multiple of 128.
@@ -273,7 +277,7 @@ void check_modules(const json& modules, const std::vector<Slot>& slots, const st
            two_plane::kGroupSize);
     const Slot* slot = find_slot(slots, name, SlotKind::linear);
     if (!slot) fail(Errc::format, "[phonon] {}: {}name '{}' names no linear of the model", source, where, name);
-    if (!out.packed.emplace(name, static_cast<int64_t>(i)).second)
+    if (!out.packed.insert(name).second)
       fail(Errc::duplicate, "[phonon] {}: {}name '{}' is packed twice", source, where, name);
     if (slot->shape != Shape{o, in})
       fail(Errc::shape, "[phonon] {}: {}'{}' declares [out, in] = {}, the model's linear is {}", source, where, name,

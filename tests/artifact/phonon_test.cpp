@@ -22,9 +22,9 @@ namespace {
 
 using codec::two_plane::Storage;
 
-// Text decoder: hidden 128, 2 layers, 2 heads of 64, 1 KV head, MLP 256, vocabulary 96 (the fixture tokenizer's).
+// Text decoder: hidden 128, 2 layers, 2 heads of 64, 1 KV head, MLP 128, vocabulary 96 (the fixture tokenizer's).
 // Audio tower: 8 mel bins, d_model 32, 1 layer, FFN 64, downsample 4, output 128 (the decoder's width).
-constexpr int64_t kVocab = 96, kHidden = 128, kLayers = 2, kHeads = 2, kKvHeads = 1, kHeadDim = 64, kMlp = 256;
+constexpr int64_t kVocab = 96, kHidden = 128, kLayers = 2, kHeads = 2, kKvHeads = 1, kHeadDim = 64, kMlp = 128;
 constexpr int64_t kAudioD = 32, kAudioFfn = 64, kDownsample = 4, kMel = 8;
 
 struct Variant {
@@ -345,6 +345,11 @@ std::vector<Rule> rules() {
        Errc::duplicate, "'" + kQ + "' is already quantized", m},
       {"config_field", planes, text_config("hidden_size", "128"), Errc::format,
        "text_config.hidden_size must be an integer", "config.json"},
+      {"audio_config_heads", planes,
+       [](Fixture& f) { f.config["thinker_config"]["audio_config"]["encoder_attention_heads"] = 3; }, Errc::format,
+       "audio_config.d_model 32 is not divisible by encoder_attention_heads 3", "config.json"},
+      {"config_layers_bound", planes, text_config("num_hidden_layers", 5000), Errc::format,
+       "text_config.num_hidden_layers must be an integer in [1, 1024]", "config.json"},
       {"config_tie_not_bool", planes, text_config("tie_word_embeddings", 1), Errc::format,
        "tie_word_embeddings must be a boolean", "config.json"},
       {"code_formats_exclusive", planes,
@@ -456,6 +461,16 @@ TEST(Phonon, DeclaredModuleCountAllowsDenseLinears) {
   const auto it = std::find_if(m.tensors.begin(), m.tensors.end(), [](const auto& t) { return t.first == kQ + ".weight"; });
   ASSERT_NE(it, m.tensors.end());
   EXPECT_EQ(it->second.codec->id, "dense");
+}
+
+// A null block is an absent one (the seed's manifest.get(...) is None): planes with full metadata, no hybrid.
+TEST(Phonon, NullBlocksAreNotDeclared) {
+  TempDir tmp;
+  Fixture f = fixture({});
+  for (const char* block : {"decoder_metadata", "decoder_codes", "hybrid_quantization"}) f.manifest[block] = nullptr;
+  f.write(tmp / "p");
+  const ForeignModel m = phonon::open(tmp / "p", {});
+  EXPECT_TRUE(m.provenance.recipe["packed_manifest"]["hybrid_quantization"].is_null());
 }
 
 // ---- Import ----------------------------------------------------------------------------------------------------
