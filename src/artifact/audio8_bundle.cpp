@@ -765,9 +765,16 @@ void export_bundle(const Artifact& art, const fs::path& out_path, const ExportOp
   if (!art.contains(kEmbedding))
     fail(Errc::unsupported, "[export] {}: no {}; audio8 bundles tie the head to the embedding", art.dir().string(),
          kEmbedding);
+  // Names a bundle's import recorded (the recipe is free-form: anything unexpected falls back to the defaults).
   const json& recipe = art.provenance().recipe;
-  const bool from_bundle = recipe.value("source_format", "").starts_with("audio8-");
-  const std::string weights_file = from_bundle ? recipe.value("weights_file", "weights.bin") : "weights.bin";
+  const auto recorded = [&](const char* key) {
+    const auto it = recipe.find(key);
+    return it != recipe.end() && it->is_string() ? it->get<std::string>() : std::string();
+  };
+  const bool from_bundle = recorded("source_format").starts_with("audio8-");
+  const std::string weights_file = from_bundle && !recorded("weights_file").empty() ? recorded("weights_file")
+                                                                                     : "weights.bin";
+  check_file_name(weights_file, "[export] provenance.recipe.weights_file");
 
   std::vector<OutRecord> records;
   for (const std::string& name : art.tensor_names()) {
