@@ -125,6 +125,8 @@ void run(const Args& a) {
                              {"prefill_tokens_per_s", r.speed.prefill_tokens_per_s},
                              {"decode_tokens_per_s", r.speed.decode_tokens_per_s},
                              {"ms_per_step", r.speed.ms_per_step}, {"matmul_ms_per_step", r.speed.matmul_ms_per_step},
+                             {"norm_ms", r.speed.norm_ms}, {"rope_ms", r.speed.rope_ms},
+                             {"attention_ms", r.speed.attention_ms}, {"swiglu_ms", r.speed.swiglu_ms},
                              {"weight_bytes", r.speed.weight_bytes}});
     std::printf("%s\n", out.dump().c_str());
     return;

@@ -32,6 +32,15 @@ bool cuda_built();
 
 enum class KvType { f32, f16, bf16 };
 
+// The non-matmul parts of a decode step, as bits (CudaModel::set_skipped_parts).
+enum StepPart : unsigned {
+  kPartNorm = 1,       // embedding gather and the RMSNorms (with the residual adds)
+  kPartRope = 2,       // bias, q/k norm, RoPE and KV-cache append
+  kPartAttention = 4,
+  kPartSwiglu = 8,
+  kPartsAll = 15,      // every part but the matmuls
+};
+
 struct CudaModelOptions {
   int max_batch = 1;      // activation rows per step, 1..kernels::cuda::kMaxBatch
   int slots = 0;          // KV-cache slots (independent sequences); 0: max_batch
@@ -78,9 +87,9 @@ class CudaModel {
   // The tokens the device holds for rows 0..batch-1 (after decode_greedy: the last step's argmax); waits.
   void download_tokens(int batch, std::span<int32_t> out) const;
   void synchronize() const;
-  // Timing only: later steps launch just the matmuls (and decode_greedy's argmax), so that a benchmark can split
-  // a step's time between the matvec kernels and the rest; logits are meaningless meanwhile.
-  void set_matmuls_only(bool on);
+  // Timing only: later steps leave out the parts in `parts` (StepPart bits), so that a benchmark can split a
+  // step's time between the matvec kernels and the rest; logits are meaningless meanwhile. 0 restores the step.
+  void set_skipped_parts(unsigned parts);
 
  private:
   struct Impl;
@@ -104,7 +113,10 @@ struct Speed {
   double prefill_tokens_per_s = 0;  // measured once, reported with every batch
   double decode_tokens_per_s = 0;   // all B sequences together
   double ms_per_step = 0;
-  double matmul_ms_per_step = 0;  // the same steps with only the matmuls launched (set_matmuls_only)
+  // Batch 1 only (0 otherwise): the same steps launching only the matmuls, and how much each part adds (the
+  // step's time minus its time without that part).
+  double matmul_ms_per_step = 0;
+  double norm_ms = 0, rope_ms = 0, attention_ms = 0, swiglu_ms = 0;
   uint64_t weight_bytes = 0;  // read by one step's matmuls
 };
 // Errc::usage in a build without CUDA.

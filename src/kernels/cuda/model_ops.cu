@@ -116,7 +116,7 @@ __global__ void qkv_prepare_kernel(QkvArgs a, KvLayer kv, const int32_t* pos, co
   store_elem(kv.values, kv.type, at, a.v[b * a.v_stride + hh * hd + d] + (a.v_bias ? a.v_bias[hh * hd + d] : 0.0f));
 }
 
-constexpr int kAttnWarps = 8;
+constexpr int kAttnWarps = 16;  // the position loop is latency-bound: more warps, fewer rounds
 constexpr int kMaxDimsPerLane = 8;  // head_dim <= 256
 
 // One block per (head, row). Warp w takes positions w, w + kAttnWarps, ...: a warp-wide dot product per
@@ -206,7 +206,18 @@ __global__ void argmax_kernel(const float* logits, int64_t vocab, int32_t* next)
   const float* row = logits + blockIdx.x * vocab;
   float v = -INFINITY;
   int idx = INT_MAX;
-  for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) keep_best(v, idx, row[j], static_cast<int>(j));
+  // 16-byte loads, several in flight per thread, when rows stay 16-byte aligned (vocab a multiple of 4).
+  const int64_t vec = vocab % 4 == 0 ? vocab / 4 : 0;
+#pragma unroll 4
+  for (int64_t j = threadIdx.x; j < vec; j += blockDim.x) {
+    const float4 q = reinterpret_cast<const float4*>(row)[j];
+    const int base = static_cast<int>(4 * j);
+    keep_best(v, idx, q.x, base);
+    keep_best(v, idx, q.y, base + 1);
+    keep_best(v, idx, q.z, base + 2);
+    keep_best(v, idx, q.w, base + 3);
+  }
+  for (int64_t j = 4 * vec + threadIdx.x; j < vocab; j += blockDim.x) keep_best(v, idx, row[j], static_cast<int>(j));
   for (int o = kWarp / 2; o > 0; o /= 2)
     keep_best(v, idx, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, idx, o));
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;

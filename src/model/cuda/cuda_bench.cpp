@@ -66,18 +66,26 @@ std::vector<Speed> measure_cuda(const ModelConfig& config, const TensorLookup& l
   const double prefill = prefill_seconds(gpu, prompt);
   std::vector<Speed> out;
   for (const int batch : o.batches) {
-    decode_seconds(gpu, first, batch, 4);  // warm-up and capture
-    const double seconds = decode_seconds(gpu, first, batch, o.steps);
-    gpu.set_matmuls_only(true);
-    decode_seconds(gpu, first, batch, 4);
-    const double matmul_seconds = decode_seconds(gpu, first, batch, o.steps);
-    gpu.set_matmuls_only(false);
+    // ms per step with the parts in `skipped` left out (after a warm-up that captures the graph).
+    const auto ms_without = [&](unsigned skipped) {
+      gpu.set_skipped_parts(skipped);
+      decode_seconds(gpu, first, batch, 4);
+      const double seconds = decode_seconds(gpu, first, batch, o.steps);
+      gpu.set_skipped_parts(0);
+      return 1e3 * seconds / static_cast<double>(o.steps);
+    };
     Speed s;
+    s.ms_per_step = ms_without(0);
+    if (batch == 1) {
+      s.matmul_ms_per_step = ms_without(kPartsAll);
+      s.norm_ms = s.ms_per_step - ms_without(kPartNorm);
+      s.rope_ms = s.ms_per_step - ms_without(kPartRope);
+      s.attention_ms = s.ms_per_step - ms_without(kPartAttention);
+      s.swiglu_ms = s.ms_per_step - ms_without(kPartSwiglu);
+    }
     s.batch = batch;
     s.prefill_tokens_per_s = static_cast<double>(o.prompt) / prefill;
-    s.decode_tokens_per_s = static_cast<double>(batch * o.steps) / seconds;
-    s.ms_per_step = 1e3 * seconds / static_cast<double>(o.steps);
-    s.matmul_ms_per_step = 1e3 * matmul_seconds / static_cast<double>(o.steps);
+    s.decode_tokens_per_s = 1e3 * batch / s.ms_per_step;
     s.weight_bytes = gpu.weight_bytes();
     out.push_back(s);
   }

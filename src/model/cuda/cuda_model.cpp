@@ -184,7 +184,8 @@ struct CudaModel::Impl {
   std::vector<int32_t> host_pos, host_slot;  // as last uploaded, for range checks
   int last_batch = 0;
   uint64_t bytes = 0;
-  bool matmuls_only = false;
+  unsigned skipped = 0;  // StepPart bits left out (timing only)
+  bool on(StepPart part) const { return !(skipped & part); }
 
   ~Impl() {
     drop_graphs();
@@ -285,11 +286,10 @@ struct CudaModel::Impl {
       w.wk->matmul(f(xb), batch, k, stream);
       w.wv->matmul(f(xb), batch, k + o.max_batch * c.kv_dim(), stream);
     }
-    if (!matmuls_only) {
-      kc::launch_qkv_prepare(a, kv(w), i(pos), i(slot), batch, stream);
+    if (on(kPartRope)) kc::launch_qkv_prepare(a, kv(w), i(pos), i(slot), batch, stream);
+    if (on(kPartAttention))
       kc::launch_decode_attention(a.q, a.q_stride, kv(w), i(pos), i(slot), a.n_heads, a.n_kv_heads, a.head_dim,
                                   batch, f(att), stream);
-    }
     w.wo->matmul(f(att), batch, f(proj), stream);
   }
 
@@ -297,12 +297,12 @@ struct CudaModel::Impl {
     const int64_t h = c.hidden_dim;
     if (w.gate_up) {
       w.gate_up->matmul(f(xb), batch, f(gu), stream);
-      if (!matmuls_only) kc::launch_swiglu(f(gu), f(gu) + h, 2 * h, f(hb), batch, h, stream);
+      if (on(kPartSwiglu)) kc::launch_swiglu(f(gu), f(gu) + h, 2 * h, f(hb), batch, h, stream);
     } else {
       float* up_out = f(gu) + o.max_batch * h;
       w.gate->matmul(f(xb), batch, f(gu), stream);
       w.up->matmul(f(xb), batch, up_out, stream);
-      if (!matmuls_only) kc::launch_swiglu(f(gu), up_out, h, f(hb), batch, h, stream);
+      if (on(kPartSwiglu)) kc::launch_swiglu(f(gu), up_out, h, f(hb), batch, h, stream);
     }
     w.down->matmul(f(hb), batch, f(proj), stream);
   }
@@ -311,9 +311,9 @@ struct CudaModel::Impl {
   void enqueue_step(int batch) {
     const float eps = c.norm_eps;
     const auto norm = [&](const float* delta, const kc::DeviceBuffer& weight) {
-      if (!matmuls_only) kc::launch_rmsnorm(f(x), delta, f(weight), f(xb), batch, c.dim, eps, stream);
+      if (on(kPartNorm)) kc::launch_rmsnorm(f(x), delta, f(weight), f(xb), batch, c.dim, eps, stream);
     };
-    if (!matmuls_only)
+    if (on(kPartNorm))
       kc::launch_embed_gather(embed.data.data(), embed.type, c.vocab, c.dim, i(tokens), batch, f(x), stream);
     norm(nullptr, layers.front().attn_norm);
     for (size_t l = 0; l < layers.size(); ++l) {
@@ -462,11 +462,11 @@ void CudaModel::download_tokens(int batch, std::span<int32_t> out) const {
   synchronize();
 }
 
-void CudaModel::set_matmuls_only(bool on) {
-  if (impl_->matmuls_only == on) return;
+void CudaModel::set_skipped_parts(unsigned parts) {
+  if (impl_->skipped == parts) return;
   synchronize();
   impl_->drop_graphs();
-  impl_->matmuls_only = on;
+  impl_->skipped = parts;
 }
 
 void CudaModel::synchronize() const {
