@@ -3,6 +3,7 @@
 // legal widths, for m == 1 and m > 1, with the outputs poisoned before each run.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -103,18 +104,19 @@ void reference(const std::vector<float>& w, int64_t rows, int64_t cols, const st
 }
 
 void expect_matmul_matches(const CpuLinear& k, const codec::TensorRef& ref, int64_t m, std::mt19937& rng,
-                           ThreadPool& pool, const std::string& what) {
+                           ThreadPool& pool, const std::string& what, float x_scale = 1.0f) {
   const auto [rows, cols] = codec::matrix_dims(ref.shape);
   ASSERT_EQ(k.rows(), rows) << what;
   ASSERT_EQ(k.cols(), cols) << what;
   const auto w = codec::decode_all(ref);
-  const auto x = random_values(static_cast<size_t>(m * cols), rng);
+  const auto x = random_values(static_cast<size_t>(m * cols), rng, x_scale);
   std::vector<double> y_ref, magnitude;
   reference(w, rows, cols, x, m, y_ref, magnitude);
   std::vector<float> y(static_cast<size_t>(m * rows), std::numeric_limits<float>::quiet_NaN());
   k.matmul(x.data(), m, y.data(), pool);
   for (size_t i = 0; i < y.size(); ++i)
-    ASSERT_NEAR(y[i], y_ref[i], 2e-5 * magnitude[i] + 1e-6) << what << " m=" << m << " output " << i;
+    ASSERT_NEAR(y[i], y_ref[i], 2e-5 * magnitude[i] + 1e-6 * std::min(1.0f, x_scale))
+        << what << " m=" << m << " output " << i;
 }
 
 void expect_gather_matches(const CpuLinear& k, const codec::TensorRef& ref, std::mt19937& rng,
@@ -193,6 +195,42 @@ TEST(Kernels, LargeBatchCrossesTileAndChunkBoundaries) {
     const Encoded e = encode(c, params, {35, 1100}, rng);
     const auto kernel = prepare_cpu(e.ref);
     expect_matmul_matches(*kernel, e.ref, 19, rng, pool, fmt::format("{} {}", c.id, params.dump()));
+  }
+}
+
+// Activations far from 1 in magnitude (the integer matvec picks a power-of-two scale per group).
+TEST(Kernels, TinyAndHugeActivations) {
+  ThreadPool pool(2);
+  std::mt19937 rng(13);
+  for (const codec::Codec& c : codec::all_codecs()) {
+    const auto it = examples().find(std::string(c.id));
+    if (it == examples().end()) continue;
+    const Encoded e = encode(c, it->second.params.front(), {21, 150}, rng);
+    const auto kernel = prepare_cpu(e.ref);
+    for (const float x_scale : {1e-30f, 1e30f})
+      for (const int64_t m : {int64_t{1}, int64_t{2}})
+        expect_matmul_matches(*kernel, e.ref, m, rng, pool, fmt::format("{} x ~{}", c.id, x_scale), x_scale);
+  }
+}
+
+// An Inf or NaN activation makes every output non-finite, as an f32 dot product would, on both paths (the
+// integer matvec of the row-block kernels carries it as a NaN group factor).
+TEST(Kernels, NonFiniteActivationsReachEveryOutput) {
+  ThreadPool pool(2);
+  std::mt19937 rng(11);
+  for (const codec::Codec& c : codec::all_codecs()) {
+    const auto it = examples().find(std::string(c.id));
+    if (it == examples().end()) continue;
+    const Encoded e = encode(c, it->second.params.front(), {19, 200}, rng);
+    const auto kernel = prepare_cpu(e.ref);
+    for (const float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()})
+      for (const int64_t m : {int64_t{1}, int64_t{3}}) {
+        auto x = random_values(static_cast<size_t>(m * 200), rng);
+        for (int64_t i = 0; i < m; ++i) x[static_cast<size_t>(i * 200 + 77)] = bad;
+        std::vector<float> y(static_cast<size_t>(m * 19), 0.0f);
+        kernel->matmul(x.data(), m, y.data(), pool);
+        for (size_t i = 0; i < y.size(); ++i) EXPECT_FALSE(std::isfinite(y[i])) << c.id << " m=" << m << " output " << i;
+      }
   }
 }
 

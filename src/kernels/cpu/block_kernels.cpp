@@ -10,6 +10,9 @@
 #include <hwy/highway.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
 #include <utility>
 
 #include "kernels/cpu/block_kernels.h"
@@ -160,13 +163,15 @@ LOWBIT_VNNI void MatvecT(const BlockMatrix& m, const BlockActivations& x, size_t
     for (int s = 0; s < S; ++s) total[s] = bias_total[s] = hn::Zero(df);
     const uint8_t* rec = m.record(static_cast<int64_t>(blk), 0);
     for (int64_t g = 0; g < groups; ++g, rec += record_bytes) {
-      hn::Vec<DI> acc[S][kTerms][3];
+      // Two sets of accumulators (even and odd extractions) halve the vpdpbusd dependency chains.
+      hn::Vec<DI> acc[S][kTerms][2][3];
       for (int s = 0; s < S; ++s)
         for (int t = 0; t < kTerms; ++t)
-          for (int d = 0; d < 3; ++d) acc[s][t][d] = hn::Zero(DI());
+          for (int p = 0; p < 2; ++p)
+            for (int d = 0; d < 3; ++d) acc[s][t][p][d] = hn::Zero(DI());
       for (int64_t c = 0; c < chunks; ++c) {
         const auto* words = reinterpret_cast<const uint32_t*>(rec + c * (A + C) * 64);
-        const uint32_t* xd = x.digits + (g * m.group_size + c * 32) / 4 * 3;
+        const int8_t* xd = x.digits + g * m.group_size + c * 32;
         for (int s = 0; s < S; ++s) {
           hn::Vec<DU> lo[A], hi[C > 0 ? C : 1];
           for (int j = 0; j < A; ++j) lo[j] = hn::LoadU(du, words + j * kBlockRows + s * N);
@@ -174,16 +179,17 @@ LOWBIT_VNNI void MatvecT(const BlockMatrix& m, const BlockActivations& x, size_t
           ForEach(
               [&](auto k) {
                 constexpr int K = decltype(k)::value;
-                const uint32_t* d = xd + 3 * K;
+                uint32_t d[3];
+                for (int t = 0; t < 3; ++t) std::memcpy(&d[t], xd + t * m.padded_cols + 4 * K, 4);
                 if constexpr (kTwo) {
                   const auto q0 = Field<A, K>(lo), q1 = Field<C, K>(hi);
                   for (int t = 0; t < 3; ++t) {
-                    acc[s][0][t] = DotBytes(acc[s][0][t], q0, d[t]);
-                    acc[s][1][t] = DotBytes(acc[s][1][t], q1, d[t]);
+                    acc[s][0][K % 2][t] = DotBytes(acc[s][0][K % 2][t], q0, d[t]);
+                    acc[s][1][K % 2][t] = DotBytes(acc[s][1][K % 2][t], q1, d[t]);
                   }
                 } else {
                   const auto q = Code<A, C, K>(lo, hi);
-                  for (int t = 0; t < 3; ++t) acc[s][0][t] = DotBytes(acc[s][0][t], q, d[t]);
+                  for (int t = 0; t < 3; ++t) acc[s][0][K % 2][t] = DotBytes(acc[s][0][K % 2][t], q, d[t]);
                 }
               },
               std::make_integer_sequence<int, 8>());
@@ -193,9 +199,11 @@ LOWBIT_VNNI void MatvecT(const BlockMatrix& m, const BlockActivations& x, size_t
       const size_t slot = kBlockRows * dtype_size(m.meta_dtype);
       const auto factor = hn::Set(df, x.factor[g]), bias_x = hn::Set(df, x.bias_x[g]);
       for (int s = 0; s < S; ++s) {
-        for (int t = 0; t < kTerms; ++t)
-          total[s] = hn::MulAdd(Combine(acc[s][t]), hn::Mul(LoadMeta(m.meta_dtype, meta + t * slot, s), factor),
-                                total[s]);
+        for (int t = 0; t < kTerms; ++t) {
+          hn::Vec<DI> sum[3];
+          for (int d = 0; d < 3; ++d) sum[d] = hn::Add(acc[s][t][0][d], acc[s][t][1][d]);
+          total[s] = hn::MulAdd(Combine(sum), hn::Mul(LoadMeta(m.meta_dtype, meta + t * slot, s), factor), total[s]);
+        }
         bias_total[s] = hn::MulAdd(GroupMeta::BiasTerm(m, meta, s), bias_x, bias_total[s]);
       }
     }
@@ -238,6 +246,46 @@ void DecodeTileT(const BlockMatrix& m, size_t blk, size_t k0, size_t k1, float* 
                 std::make_integer_sequence<int, 4>());
           },
           std::make_integer_sequence<int, 8>());
+    }
+  }
+}
+
+// x (zero-padded to padded_cols) quantized per group: e such that the largest |x| times 2^e is below 2^22,
+// X = round(x 2^e) as three signed digits. A group holding Inf or NaN gets factor NaN (its rows' sums become
+// NaN, as an f32 kernel's would).
+void Quantize(const BlockMatrix& m, const float* xp, const BlockActivations& out) {
+  const DF df;
+  const DI di;
+  const hn::Rebind<int8_t, DI> d8;
+  const int64_t G = m.group_size;
+  for (int64_t g = 0; g < m.groups(); ++g) {
+    const float* xg = xp + g * G;
+    auto amax = hn::Zero(df), sum = hn::Zero(df), nonfinite = hn::Zero(df);
+    for (int64_t c = 0; c < G; c += N) {
+      const auto v = hn::LoadU(df, xg + c);
+      amax = hn::Max(amax, hn::Abs(v));
+      sum = hn::Add(sum, v);
+      nonfinite = hn::Add(nonfinite, hn::Sub(v, v));  // NaN once any lane is Inf or NaN
+    }
+    const float total = hn::GetLane(hn::SumOfLanes(df, sum));
+    out.bias_x[g] = m.meta == BlockMeta::scale_offset ? -m.offset * total : total;
+    const float largest = hn::GetLane(hn::MaxOfLanes(df, amax));
+    if (!(hn::GetLane(hn::SumOfLanes(df, nonfinite)) == 0.0f)) {
+      out.factor[g] = std::numeric_limits<float>::quiet_NaN();
+      for (int t = 0; t < 3; ++t) std::memset(out.digits + t * m.padded_cols + g * G, 0, static_cast<size_t>(G));
+      continue;
+    }
+    const int e = largest > 0.0f ? std::min(125, 21 - std::ilogb(largest)) : 0;
+    out.factor[g] = std::ldexp(1.0f, -e);
+    const auto up = hn::Set(df, std::ldexp(1.0f, e));
+    const auto half = hn::Set(di, 128), low = hn::Set(di, 255);
+    for (int64_t c = 0; c < G; c += N) {
+      auto v = hn::NearestInt(hn::Mul(hn::LoadU(df, xg + c), up));
+      for (int t = 0; t < 3; ++t) {
+        const auto d = hn::Sub(hn::And(hn::Add(v, half), low), half);
+        hn::StoreU(hn::DemoteTo(d8, d), d8, out.digits + t * m.padded_cols + g * G + c);
+        v = hn::ShiftRight<8>(hn::Sub(v, d));
+      }
     }
   }
 }
@@ -327,6 +375,7 @@ HWY_AFTER_NAMESPACE();
 namespace lowbit::kernels {
 
 namespace block_simd {
+HWY_EXPORT(Quantize);
 HWY_EXPORT(Matvec);
 HWY_EXPORT(DecodeTile);
 HWY_EXPORT(TileDot);
@@ -453,51 +502,19 @@ class BlockLinear final : public CpuLinear {
 
  private:
   void matvec(const float* x, float* y, ThreadPool& pool) const {
-    const auto groups = static_cast<size_t>(m_.groups());
-    std::vector<uint32_t> digits(static_cast<size_t>(m_.padded_cols) / 4 * 3, 0u);
+    const auto padded = static_cast<size_t>(m_.padded_cols), groups = static_cast<size_t>(m_.groups());
+    std::vector<float> xp(padded, 0.0f);
+    std::copy_n(x, m_.cols, xp.data());
+    std::vector<int8_t> digits(3 * padded);
     std::vector<float> factor(groups), bias_x(groups);
-    quantize(x, digits.data(), factor.data(), bias_x.data());
     const BlockActivations a{digits.data(), factor.data(), bias_x.data()};
+    HWY_DYNAMIC_DISPATCH(block_simd::Quantize)(m_, xp.data(), a);
     // Two contiguous ranges of blocks per thread: each thread streams long runs of records.
     const auto blocks = static_cast<size_t>(m_.blocks());
     const size_t grain = std::max<size_t>(1, (blocks + 2 * pool.size() - 1) / (2 * pool.size()));
     pool.parallel_for(blocks, grain, [&](size_t b0, size_t b1) {
       HWY_DYNAMIC_DISPATCH(block_simd::Matvec)(m_, a, b0, b1, y);
     });
-  }
-
-  // Per group: e such that the largest |x| times 2^e is below 2^22, X = round(x 2^e) as three signed digits.
-  void quantize(const float* x, uint32_t* digits, float* factor, float* bias_x) const {
-    const int64_t G = m_.group_size;
-    for (int64_t g = 0; g < m_.groups(); ++g) {
-      const int64_t c0 = g * G, c1 = std::min(m_.cols, c0 + G);
-      float amax = 0.0f;
-      double sum = 0.0;
-      bool finite = true;
-      for (int64_t c = c0; c < c1; ++c) {
-        finite = finite && std::isfinite(x[c]);
-        amax = std::max(amax, std::abs(x[c]));
-        sum += x[c];
-      }
-      bias_x[g] = static_cast<float>(m_.meta == BlockMeta::scale_offset ? -m_.offset * sum : sum);
-      if (!finite) {  // the group's products are not finite: the rows' sums become NaN
-        factor[g] = std::numeric_limits<float>::quiet_NaN();
-        continue;
-      }
-      const int e = amax > 0.0f ? std::min(125, 21 - std::ilogb(amax)) : 0;
-      const float up = std::ldexp(1.0f, e);
-      factor[g] = std::ldexp(1.0f, -e);
-      for (int64_t c = c0; c < c1; ++c) {
-        int32_t v = static_cast<int32_t>(std::lrint(x[c] * up));
-        uint32_t* word = digits + c / 4 * 3;
-        const int shift = static_cast<int>(c % 4) * 8;
-        for (int t = 0; t < 3; ++t) {
-          const int32_t d = ((v + 128) & 255) - 128;
-          word[t] |= static_cast<uint32_t>(static_cast<uint8_t>(static_cast<int8_t>(d))) << shift;
-          v = (v - d) / 256;
-        }
-      }
-    }
   }
 
   BlockMatrix m_;

@@ -73,9 +73,9 @@ struct BlockMatrix {
 
 // The activations of one matvec call, quantized per group (internal to the kernels).
 struct BlockActivations {
-  const uint32_t* digits;  // [padded_cols / 4][3]: digit t of columns 4i .. 4i + 3 in word 3i + t
-  const float* factor;     // [groups] 2^-e
-  const float* bias_x;     // [groups] what the bias slot multiplies: sum of x (times -offset for scale_offset)
+  int8_t* digits;  // [3, padded_cols]: digit t of column c at t padded_cols + c
+  float* factor;   // [groups] 2^-e
+  float* bias_x;   // [groups] what the bias slot multiplies: sum of x (times -offset for scale_offset)
 };
 
 // Name of the Highway target the block kernels dispatch to ("AVX3_DL", "AVX2", ...).
