@@ -558,7 +558,8 @@ TEST(PhononCli, VerifyInspectAndImport) {
 
 // A Qwen3-shaped decoder in Phonon layout generates the same greedy tokens as its lowbit import.
 TEST(PhononCli, GeneratesTheSameTokensAsItsImport) {
-  for (const Variant& v : {Variant{}, Variant{Storage::trit3, true, true, true}}) {
+  // Dense tied embedding; affine embedding as the tied head; untied packed head with an affine embedding.
+  for (const Variant& v : {Variant{}, Variant{Storage::quint5, true, true}, Variant{Storage::trit3, true, true, true}}) {
     SCOPED_TRACE(v.label());
     TempDir tmp;
     const std::string dir = (tmp / "p").string(), art = (tmp / "a").string();
