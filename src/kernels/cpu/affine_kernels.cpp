@@ -2,6 +2,9 @@
 // time in parallel; the stored arrays are read once here and never again (the records replace them).
 #include "kernels/cpu/affine_kernels.h"
 
+#include <algorithm>
+#include <vector>
+
 #include "kernels/cpu/block_kernels.h"
 #include "lowbit/codec/affine.h"
 #include "lowbit/core/thread_pool.h"
@@ -19,13 +22,16 @@ std::unique_ptr<CpuLinear> prepare_affine(const codec::TensorRef& tensor) {
   const size_t meta_size = dtype_size(l.scale_dtype);
   const uint32_t lo_mask = (1u << lo_bits) - 1u;
   default_pool().parallel_for(static_cast<size_t>(m.blocks()), 16, [&](size_t b0, size_t b1) {
+    std::vector<uint8_t> lo(static_cast<size_t>(l.padded_cols)), hi(lo.size());  // one row: the bounded scratch
     const int64_t r1 = std::min(l.rows, static_cast<int64_t>(b1) * kBlockRows);
     for (int64_t r = static_cast<int64_t>(b0) * kBlockRows; r < r1; ++r) {
       const uint32_t* words = codes.as<uint32_t>() + r * l.words_per_row();
       for (int64_t c = 0; c < l.padded_cols; ++c) {
         const uint32_t q = af::read_code(words, c, l.bits);
-        m.set_code(r, c, q & lo_mask, q >> lo_bits);
+        lo[static_cast<size_t>(c)] = static_cast<uint8_t>(q & lo_mask);
+        hi[static_cast<size_t>(c)] = static_cast<uint8_t>(q >> lo_bits);
       }
+      m.set_row_codes(r, lo.data(), hi.data());
       for (int64_t g = 0; g < l.groups_per_row(); ++g) {
         const size_t at = static_cast<size_t>(r * l.groups_per_row() + g) * meta_size;
         m.set_meta(r, g, 0, scales.bytes.data() + at);

@@ -424,13 +424,23 @@ BlockMatrix::BlockMatrix(int lo, int hi, BlockMeta meta_, DType meta_dtype_, int
   std::memset(records.get(), 0, n);
 }
 
-void BlockMatrix::set_code(int64_t r, int64_t c, uint32_t lo, uint32_t hi) {
-  uint8_t* words = record(r / kBlockRows, c / group_size) + (c % group_size) / 32 * (lo_bits + hi_bits) * 64;
-  const FieldPos l = field_pos(lo_bits, c % 32, r % kBlockRows);
-  words[l.byte] = static_cast<uint8_t>(words[l.byte] | lo << l.shift);
-  if (hi_bits == 0) return;
-  const FieldPos h = field_pos(hi_bits, c % 32, r % kBlockRows);
-  words[lo_bits * 64 + h.byte] = static_cast<uint8_t>(words[lo_bits * 64 + h.byte] | hi << h.shift);
+void BlockMatrix::set_row_codes(int64_t r, const uint8_t* lo, const uint8_t* hi) {
+  const int64_t rr = r % kBlockRows;
+  for (int64_t g = 0; g < groups(); ++g) {
+    uint8_t* words = record(r / kBlockRows, g);
+    for (int64_t chunk = 0; chunk < group_size / 32; ++chunk, words += (lo_bits + hi_bits) * 64) {
+      const int64_t c0 = g * group_size + chunk * 32;
+      for (int plane = 0; plane < (hi_bits ? 2 : 1); ++plane) {
+        const int p = plane ? hi_bits : lo_bits;
+        const uint8_t* codes = (plane ? hi : lo) + c0;
+        uint8_t* base = words + (plane ? lo_bits * 64 : 0);
+        for (int64_t cc = 0; cc < 32; ++cc) {
+          const FieldPos f = field_pos(p, cc, rr);
+          base[f.byte] = static_cast<uint8_t>(base[f.byte] | codes[cc] << f.shift);
+        }
+      }
+    }
+  }
 }
 
 void BlockMatrix::set_meta(int64_t r, int64_t g, int slot, const std::byte* value) {

@@ -63,8 +63,9 @@ struct BlockMatrix {
     return records.get() + (block * groups() + g) * record_bytes();
   }
 
-  // Sets the codes of row r, column c (records start zeroed; each code is set once).
-  void set_code(int64_t r, int64_t c, uint32_t lo, uint32_t hi);
+  // Sets the codes of row r from one low-plane and one high-plane code per padded column (hi unused when
+  // hi_bits == 0). Records start zeroed; each row is set once.
+  void set_row_codes(int64_t r, const uint8_t* lo, const uint8_t* hi);
   // Sets metadata slot `slot` of row r, group g from one value of meta_dtype.
   void set_meta(int64_t r, int64_t g, int slot, const std::byte* value);
   // Weight (r, c) as f32, the way the batched path decodes it.

@@ -23,7 +23,7 @@ std::unique_ptr<CpuLinear> prepare_two_plane(const codec::TensorRef& tensor) {
     const int64_t r1 = std::min(l.rows, static_cast<int64_t>(b1) * kBlockRows);
     for (int64_t r = static_cast<int64_t>(b0) * kBlockRows; r < r1; ++r) {
       tp::row_plane_codes(l, tensor.arrays, r, base.data(), residual.data());
-      for (size_t c = 0; c < padded; ++c) m.set_code(r, static_cast<int64_t>(c), base[c], residual[c]);
+      m.set_row_codes(r, base.data(), residual.data());
       tp::row_metadata(l, tensor.arrays, r, {bs, bb, rs, rb});
       for (size_t g = 0; g < groups; ++g) {
         const float values[3] = {bs[g], rs[g], bb[g] + rb[g]};
