@@ -29,7 +29,7 @@ grep -E "PASSED|FAILED|SKIPPED" "$out/tests.log" >&2
 if command -v compute-sanitizer >/dev/null; then
   # Small shapes only: the sanitizer slows kernels by orders of magnitude.
   step memcheck compute-sanitizer --tool memcheck --error-exitcode 9 "$build/test_cuda" --gtest_filter='*MatchesDecodeRows*:*Rejects*'
-  step racecheck compute-sanitizer --tool racecheck --error-exitcode 9 "$build/test_cuda" --gtest_filter='*TrellisMatchesDecodeRows*:*AffineMma*'
+  step racecheck compute-sanitizer --tool racecheck --error-exitcode 9 "$build/test_cuda" --gtest_filter='*Trellis*MatchesDecodeRows*:*AffineMma*'
   grep -hE "ERROR SUMMARY|RACECHECK SUMMARY" "$out/memcheck.log" "$out/racecheck.log" >&2
 fi
 step bench "$build/bench_cuda" --json "$out/bench.json" ${LOWBIT_BENCH_ARGS:-}

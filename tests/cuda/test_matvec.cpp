@@ -162,6 +162,24 @@ TEST_F(CudaMatvec, TrellisMatchesDecodeRows) {
       }
 }
 
+// Rotated trellis tensors: activations rotated by R_in (and outputs by R_out^T) on the device, sizes with a
+// Paley small factor included.
+TEST_F(CudaMatvec, TrellisRotatedMatchesDecodeRows) {
+  std::uniform_int_distribution<int64_t> rows_d(1, 120), cols_d(1, 700);
+  for (const char* rotate : {"input", "both"})
+    for (int k : {2, 3}) {
+      const int64_t rows = rows_d(rng), cols = cols_d(rng);
+      codec::Params params{{"L", 12}, {"k", k}, {"code", "1mad"}, {"rotate", rotate}, {"input_seed", 11}};
+      if (std::string(rotate) == "both") params["output_seed"] = 12;
+      const auto t = lowbit::testing::random_tensor("trellis", params, rows, cols, rng, 0.5f);
+      for (int m : {1, 6, 16}) {
+        SCOPED_TRACE(::testing::Message() << "rotate " << rotate << " k " << k << " [" << rows << ", " << cols
+                                          << "], m " << m);
+        EXPECT_LT(matmul_error(t.ref, m, rng), 1e-4);
+      }
+    }
+}
+
 TEST_F(CudaMatvec, RejectsBatchOutsideRange) {
   const Encoded e = encode("dense", {{"dtype", "bf16"}}, 8, 64, rng);
   const auto linear = prepare_cuda(e.ref);

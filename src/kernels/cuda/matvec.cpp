@@ -60,4 +60,17 @@ void trellis_matmul(const TrellisDevice& w, const float* x, int m, float* y, Str
   check_last_error("cuda trellis matmul");
 }
 
+void rotate(const RotationDevice& r, bool inverse, const float* in, int64_t in_len, int m, float* out, int64_t out_len,
+            Stream s) {
+  const int64_t chunks = r.small > 0 ? r.n / r.small : 0;
+  const bool shape_ok = r.small >= 1 && r.n % r.small == 0 && (chunks & (chunks - 1)) == 0 && r.n <= kMaxRotation;
+  if (!shape_ok || in_len < 1 || in_len > r.n || out_len < 1 || out_len > r.n || (inverse && in_len != r.n) ||
+      (!inverse && out_len != r.n))
+    fail(Errc::unsupported, "[cuda rotate] size {} (small factor {}), in {}, out {} has no kernel", r.n, r.small,
+         in_len, out_len);
+  batch_width(m, 1);
+  launch_rotate_kernel(r, inverse, in, in_len, m, out, out_len, s);
+  check_last_error("cuda rotate");
+}
+
 }  // namespace lowbit::kernels::cuda

@@ -12,6 +12,7 @@
 #include "kernels/cuda/trellis.h"
 #include "lowbit/codec/affine.h"
 #include "lowbit/codec/dense.h"
+#include "lowbit/codec/hadamard.h"
 #include "lowbit/codec/offset_scale.h"
 #include "lowbit/codec/trellis.h"
 #include "lowbit/core/checked.h"
@@ -263,12 +264,21 @@ class TrellisLinear final : public CudaLinear {
   explicit TrellisLinear(const codec::TensorRef& t) {
     namespace tr = codec::trellis;
     const tr::Layout l = tr::parse_layout(t.params, t.shape);
-    if (l.rotate_input || l.rotate_output)
-      fail(Errc::unsupported, "[prepare_cuda] trellis with Hadamard rotation has no CUDA kernel yet");
     if ((l.k != 2 && l.k != 3) || l.L < 8)
       fail(Errc::unsupported, "[prepare_cuda] trellis k {} L {} has no CUDA kernel", l.k, l.L);
-    w_.rows = l.rows;
-    w_.cols = l.cols;
+    rows_ = l.rows;
+    cols_ = l.cols;
+    // A rotated side runs on the padded width: x' = R_in x [m, padded_cols], y' [m, padded_rows].
+    w_.rows = l.rotate_output ? l.padded_rows : l.rows;
+    w_.cols = l.rotate_input ? l.padded_cols : l.cols;
+    if (l.rotate_input) {
+      in_ = Rotation(l.padded_cols, l.input_seed);
+      x_rotated_ = DeviceBuffer(checked_mul(static_cast<uint64_t>(kMaxBatch * l.padded_cols), sizeof(float), "[prepare_cuda] x'"));
+    }
+    if (l.rotate_output) {
+      out_ = Rotation(l.padded_rows, l.output_seed);
+      y_rotated_ = DeviceBuffer(checked_mul(static_cast<uint64_t>(kMaxBatch * l.padded_rows), sizeof(float), "[prepare_cuda] y'"));
+    }
     w_.padded_rows = l.padded_rows;
     w_.chunks = (l.col_tiles() + 3) / 4;
     w_.k = l.k;
@@ -278,9 +288,19 @@ class TrellisLinear final : public CudaLinear {
     upload_scales(l, t.arrays.at("scales"));
     bytes_ = t.arrays.at("codes").bytes.size() + t.arrays.at("scales").bytes.size();
   }
-  int64_t rows() const override { return w_.rows; }
-  int64_t cols() const override { return w_.cols; }
-  void matmul(const float* x, int m, float* y, Stream s) const override { trellis_matmul(w_, x, m, y, s); }
+  int64_t rows() const override { return rows_; }
+  int64_t cols() const override { return cols_; }
+  // With rotation the activations pass through per-weight scratch buffers: one stream at a time per weight.
+  void matmul(const float* x, int m, float* y, Stream s) const override {
+    const float* xin = x;
+    if (in_.device.n > 0) {
+      rotate(in_.device, false, x, cols_, m, x_rotated_.as<float>(), w_.cols, s);
+      xin = x_rotated_.as<const float>();
+    }
+    if (out_.device.n == 0) return trellis_matmul(w_, xin, m, y, s);
+    trellis_matmul(w_, xin, m, y_rotated_.as<float>(), s);
+    rotate(out_.device, true, y_rotated_.as<const float>(), w_.rows, m, y, rows_, s);
+  }
   uint64_t weight_bytes() const override { return bytes_; }
 
  private:
@@ -307,8 +327,30 @@ class TrellisLinear final : public CudaLinear {
     w_.scales = scales_.as<const float>();
   }
 
+  // R = H D / sqrt(n) of codec/hadamard.h on the device (signs and the small Hadamard factor).
+  struct Rotation {
+    Rotation() = default;
+    Rotation(int64_t n, uint64_t seed) {
+      if (n > kMaxRotation) fail(Errc::unsupported, "[prepare_cuda] trellis rotation of size {} exceeds {}", n, kMaxRotation);
+      const int64_t small = codec::hadamard::small_factor(n);
+      std::vector<float> signs(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) signs[static_cast<size_t>(i)] = codec::hadamard::random_sign(seed, static_cast<uint64_t>(i));
+      const std::vector<int8_t> matrix = codec::hadamard::small_matrix(small);
+      signs_ = DeviceBuffer(signs.size() * sizeof(float));
+      signs_.upload(signs.data(), signs_.size());
+      matrix_ = DeviceBuffer(matrix.size());
+      matrix_.upload(matrix.data(), matrix_.size());
+      device = {signs_.as<const float>(), matrix_.as<const int8_t>(), n, static_cast<int>(small)};
+    }
+    RotationDevice device;
+    DeviceBuffer signs_, matrix_;
+  };
+
+  int64_t rows_ = 0, cols_ = 0;
   TrellisDevice w_;
   DeviceBuffer codes_, scales_;
+  Rotation in_, out_;
+  DeviceBuffer x_rotated_, y_rotated_;
   uint64_t bytes_ = 0;
 };
 
