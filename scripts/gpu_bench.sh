@@ -4,7 +4,8 @@
 # baselines (gpu_baselines.py: copy bandwidth, cuBLAS bf16 and PyTorch int4 through PyTorch), and prints a
 # short table last. Logs and JSON go to $OUT (default BUILD/gpu-bench).
 # Usage: scripts/gpu_bench.sh [BUILD_DIR]   (env: LOWBIT_GPU_BASELINES = path of gpu_baselines.py,
-#                                            LOWBIT_BENCH_ARGS = extra bench_cuda arguments, e.g. --quick)
+#                                            LOWBIT_BENCH_ARGS = extra bench_cuda arguments, e.g. --quick
+#                                            or --filter affine4, LOWBIT_BENCH_TIMEOUT = its limit in s)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build/cuda}
@@ -24,17 +25,17 @@ step() {  # step NAME SECONDS COMMAND...: runs with a time limit, logs to $out/N
   echo "== $name" >&2
   if timeout "$limit" "$@" >"$out/$name.log" 2>&1; then echo "   ok" >&2; else echo "   FAILED (rc $?)" >&2; tail -30 "$out/$name.log" >&2; status=1; fi
 }
-# Limits keep the whole script near 10 minutes, so a device call still gets the table back.
-step tests 150 "$build/test_cuda"
+# Limits (at most 10 minutes in all) leave a device call its table; LOWBIT_BENCH_TIMEOUT overrides the bench's.
+step tests 90 "$build/test_cuda"
 grep -E "PASSED|FAILED|SKIPPED" "$out/tests.log" >&2
 if command -v compute-sanitizer >/dev/null; then
   # Small shapes only: the sanitizer slows kernels by orders of magnitude.
-  step memcheck 150 compute-sanitizer --tool memcheck --error-exitcode 9 "$build/test_cuda" --gtest_filter='*MatchesDecodeRows*:*Rejects*'
-  step racecheck 150 compute-sanitizer --tool racecheck --error-exitcode 9 "$build/test_cuda" --gtest_filter='*Trellis*MatchesDecodeRows*:*AffineMma*'
+  step memcheck 120 compute-sanitizer --tool memcheck --error-exitcode 9 "$build/test_cuda" --gtest_filter='*MatchesDecodeRows*:*Rejects*'
+  step racecheck 120 compute-sanitizer --tool racecheck --error-exitcode 9 "$build/test_cuda" --gtest_filter='*Trellis*MatchesDecodeRows*:*AffineMma*'
   grep -hE "ERROR SUMMARY|RACECHECK SUMMARY" "$out/memcheck.log" "$out/racecheck.log" >&2
 fi
-step bench 240 "$build/bench_cuda" --json "$out/bench.json" ${LOWBIT_BENCH_ARGS:-}
-step baselines 120 env PYTHONUNBUFFERED=1 python3 "$baselines"
+step bench "${LOWBIT_BENCH_TIMEOUT:-180}" "$build/bench_cuda" --json "$out/bench.json" ${LOWBIT_BENCH_ARGS:-}
+step baselines 90 env PYTHONUNBUFFERED=1 python3 "$baselines"
 python3 - "$out/bench.json" "$out/baselines.log" <<'PY'
 import json, sys
 bench = json.load(open(sys.argv[1]))["rows"]  # written after every row, so a cut-off run still has its rows
