@@ -301,8 +301,8 @@ nlohmann::json allocate_bits(const QuantizeOptions& o, model::Model& model, Quan
     }
     if (calibrator) calibrator->finish_layer(layer);
   }
-  if (calibrator) report_calibration_cache(o, calibrator->stats(), "measure");
   progress.finish();
+  if (calibrator) report_calibration_cache(o, calibrator->stats(), "measure");
   const auto budget = static_cast<uint64_t>(*o.target_bpw * static_cast<double>(weights) / 8.0);
   const Allocation a = allocate(items, budget);
   if (!a.feasible)
