@@ -13,6 +13,7 @@
 
 #include "lowbit/core/error.h"
 #include "lowbit/model/cuda_model.h"
+#include "model/cuda/stack_rows.h"
 #include "model/tiny_model.h"
 
 namespace lowbit::model {
@@ -53,6 +54,44 @@ TEST(UseDevice, CudaInABuildWithoutCudaSaysSo) {
     EXPECT_NE(std::string(e.what()).find("built without CUDA"), std::string::npos) << e.what();
   }
   EXPECT_EQ(run_cli("bench --synthetic llama3-8b --device cuda").first, 2);
+}
+
+std::vector<float> concat_decoded(std::span<const codec::TensorRef* const> parts) {
+  std::vector<float> out;
+  for (const codec::TensorRef* p : parts) {
+    const std::vector<float> d = codec::decode_all(*p);
+    out.insert(out.end(), d.begin(), d.end());
+  }
+  return out;
+}
+
+// q, k and v stack into one tensor that decodes to their rows one after another, in dense and affine storage;
+// tensors whose parameters differ do not stack.
+TEST(StackRows, StacksRowsOfOneCodecAndRefusesMixedParameters) {
+  const ModelConfig c = testing::tiny_config();
+  const auto m = testing::tiny_model(c, 3);
+  const auto ref = [&](std::string_view p) { return &m->find(fmt::format("model.layers.1.self_attn.{}_proj.weight", p))->ref; };
+  const std::vector<const codec::TensorRef*> dense{ref("q"), ref("k"), ref("v")};
+  const auto stacked_dense = stack_rows(dense);
+  ASSERT_TRUE(stacked_dense);
+  EXPECT_EQ(stacked_dense->ref.shape, (Shape{c.q_dim() + 2 * c.kv_dim(), c.dim}));
+  EXPECT_EQ(codec::decode_all(stacked_dense->ref), concat_decoded(dense));
+
+  const codec::Codec& affine = codec::codec_or_throw("affine", "test");
+  std::vector<codec::EncodedTensor> enc;
+  std::vector<codec::TensorRef> refs;
+  for (const auto* r : dense) {
+    const std::vector<float> w = codec::decode_all(*r);
+    enc.push_back(affine.encode({{"bits", 4}, {"group_size", 32}, {"scale_dtype", "bf16"}}, r->shape, w.data(), {}));
+  }
+  for (size_t i = 0; i < dense.size(); ++i) refs.push_back({&affine, enc[i].params, dense[i]->shape, enc[i].views()});
+  const std::vector<const codec::TensorRef*> quantized{&refs[0], &refs[1], &refs[2]};
+  const auto stacked_affine = stack_rows(quantized);
+  ASSERT_TRUE(stacked_affine);
+  EXPECT_EQ(codec::decode_all(stacked_affine->ref), concat_decoded(quantized));
+
+  const std::vector<const codec::TensorRef*> mixed{&refs[0], dense[1]};
+  EXPECT_FALSE(stack_rows(mixed));
 }
 
 TEST(Bench, CpuReportsPrefillAndDecodeSpeed) {

@@ -15,6 +15,7 @@
 #include "lowbit/core/error.h"
 #include "lowbit/kernels/cuda.h"
 #include "lowbit/model/cuda_model.h"
+#include "model/cuda/stack_rows.h"
 
 namespace lowbit::model {
 
@@ -127,14 +128,34 @@ struct Layer {
   kc::DeviceBuffer keys, values;  // [slots, capacity, kv_dim]
 };
 
+// Several projections of the same input as one matmul: the parts' rows stacked where their codec allows it
+// (stack_rows), else null (the caller prepares the parts).
+std::unique_ptr<kc::CudaLinear> stacked(const TensorLookup& lookup,
+                                        const std::vector<std::pair<std::string, int64_t>>& parts, int64_t cols) {
+  std::vector<const codec::TensorRef*> refs;
+  std::string names;
+  for (const auto& [name, rows] : parts) {
+    refs.push_back(&require(lookup, name, {rows, cols}));
+    names += (names.empty() ? "" : "+") + name;
+  }
+  const std::optional<StackedTensor> s = stack_rows(refs);
+  return s ? prepare(s->ref, names) : nullptr;
+}
+
 Layer load_layer(const TensorLookup& lookup, const ModelConfig& c, int64_t l) {
   const auto name = [&](std::string_view suffix) { return layer_name(l, suffix); };
   Layer w;
   w.attn_norm = vector(lookup, name("input_layernorm.weight"), c.dim);
   w.ffn_norm = vector(lookup, name("post_attention_layernorm.weight"), c.dim);
-  if (lookup(name("self_attn.qkv_proj.weight"))) {
-    w.qkv = linear(lookup, name("self_attn.qkv_proj.weight"), c.q_dim() + 2 * c.kv_dim(), c.dim);
-  } else {
+  const bool fused_qkv = lookup(name("self_attn.qkv_proj.weight")) != nullptr;
+  const bool fused_gate_up = lookup(name("mlp.gate_up_proj.weight")) != nullptr;
+  w.qkv = fused_qkv ? linear(lookup, name("self_attn.qkv_proj.weight"), c.q_dim() + 2 * c.kv_dim(), c.dim)
+                    : stacked(lookup,
+                              {{name("self_attn.q_proj.weight"), c.q_dim()},
+                               {name("self_attn.k_proj.weight"), c.kv_dim()},
+                               {name("self_attn.v_proj.weight"), c.kv_dim()}},
+                              c.dim);
+  if (!w.qkv) {
     w.wq = linear(lookup, name("self_attn.q_proj.weight"), c.q_dim(), c.dim);
     w.wk = linear(lookup, name("self_attn.k_proj.weight"), c.kv_dim(), c.dim);
     w.wv = linear(lookup, name("self_attn.v_proj.weight"), c.kv_dim(), c.dim);
@@ -145,9 +166,12 @@ Layer load_layer(const TensorLookup& lookup, const ModelConfig& c, int64_t l) {
   w.v_bias = optional_vector(lookup, name("self_attn.v_proj.bias"), c.kv_dim(), c.qkv_bias);
   w.q_norm = optional_vector(lookup, name("self_attn.q_norm.weight"), c.head_dim, c.qk_norm);
   w.k_norm = optional_vector(lookup, name("self_attn.k_norm.weight"), c.head_dim, c.qk_norm);
-  if (lookup(name("mlp.gate_up_proj.weight"))) {
-    w.gate_up = linear(lookup, name("mlp.gate_up_proj.weight"), 2 * c.hidden_dim, c.dim);
-  } else {
+  w.gate_up = fused_gate_up ? linear(lookup, name("mlp.gate_up_proj.weight"), 2 * c.hidden_dim, c.dim)
+                            : stacked(lookup,
+                                      {{name("mlp.gate_proj.weight"), c.hidden_dim},
+                                       {name("mlp.up_proj.weight"), c.hidden_dim}},
+                                      c.dim);
+  if (!w.gate_up) {
     w.gate = linear(lookup, name("mlp.gate_proj.weight"), c.hidden_dim, c.dim);
     w.up = linear(lookup, name("mlp.up_proj.weight"), c.hidden_dim, c.dim);
   }
