@@ -758,7 +758,8 @@ class Staging {
 void export_bundle(const Artifact& art, const fs::path& out_path, const ExportOptions& options) {
   if (options.format != kFormatV1 && options.format != kFormatV2)
     fail(Errc::usage, "[export] format '{}' is not {} or {}", options.format, kFormatV1, kFormatV2);
-  const fs::path out = fs::absolute(out_path);
+  fs::path out = fs::absolute(out_path).lexically_normal();
+  if (!out.has_filename()) out = out.parent_path();  // "dir/" names dir
   std::error_code ec;
   if (!options.force && fs::exists(fs::symlink_status(out, ec)))
     fail(Errc::exists, "[export] {} exists (use --force to replace it)", out.string());

@@ -547,6 +547,8 @@ TEST(Audio8Bundle, ImportOfExportKeepsCodesAndScales) {
   EXPECT_EQ(a2.files_with_role(FileRole::tokenizer).size(), 1u);
   EXPECT_EQ(error_of([&] { audio8::export_bundle(a, tmp / "b"); }), Errc::exists);
   audio8::export_bundle(a, tmp / "b", {.force = true});
+  audio8::export_bundle(a, (tmp / "c").string() + "/");
+  EXPECT_EQ(read_text(tmp / "c" / "weights.bin"), read_text(tmp / "b" / "weights.bin"));
   EXPECT_EQ(error_of([&] { audio8::export_bundle(a, tmp / "v1", {.format = audio8::kFormatV1}); }),
             Errc::unsupported);  // q3_full8 needs v2
 }
