@@ -7,6 +7,7 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -231,6 +232,29 @@ TEST(Kernels, NonFiniteActivationsReachEveryOutput) {
         kernel->matmul(x.data(), m, y.data(), pool);
         for (size_t i = 0; i < y.size(); ++i) EXPECT_FALSE(std::isfinite(y[i])) << c.id << " m=" << m << " output " << i;
       }
+  }
+}
+
+// A kernel that says it no longer reads its stored arrays keeps working once they are gone (ASan checks it).
+TEST(Kernels, PreparedCopyOutlivesStoredArrays) {
+  ThreadPool pool(2);
+  std::mt19937 rng(17);
+  for (const codec::Codec& c : codec::all_codecs()) {
+    const auto it = examples().find(std::string(c.id));
+    if (it == examples().end()) continue;
+    auto e = std::make_unique<Encoded>(encode(c, it->second.params.front(), {18, 130}, rng));
+    const auto kernel = prepare_cpu(e->ref);
+    if (kernel->reads_stored_arrays()) continue;
+    const auto x = random_values(3 * 130, rng);
+    std::vector<float> before(3 * 18), after(3 * 18), row_before(130), row_after(130);
+    const std::vector<int32_t> ids = {17};
+    for (const int64_t m : {int64_t{1}, int64_t{3}}) kernel->matmul(x.data(), m, before.data(), pool);
+    kernel->gather_rows(ids, row_before.data());
+    e.reset();
+    for (const int64_t m : {int64_t{1}, int64_t{3}}) kernel->matmul(x.data(), m, after.data(), pool);
+    kernel->gather_rows(ids, row_after.data());
+    EXPECT_EQ(before, after) << c.id;
+    EXPECT_EQ(row_before, row_after) << c.id;
   }
 }
 

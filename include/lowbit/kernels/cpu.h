@@ -29,6 +29,9 @@ class CpuLinear {
   virtual void gather_rows(std::span<const int32_t> ids, float* out) const = 0;
   // Bytes of weight data read by one matmul (for effective-bandwidth figures).
   virtual uint64_t weight_bytes() const = 0;
+  // Whether the kernel still reads the stored arrays it was prepared from; false when prepare re-laid them out
+  // into its own copy, which replaces them (the caller may then release or unmap them).
+  virtual bool reads_stored_arrays() const { return true; }
 };
 
 struct CpuKernelEntry {

@@ -479,6 +479,7 @@ class BlockLinear final : public CpuLinear {
   int64_t rows() const override { return m_.rows; }
   int64_t cols() const override { return m_.cols; }
   uint64_t weight_bytes() const override { return stored_bytes_; }
+  bool reads_stored_arrays() const override { return false; }
 
   // y [m, rows] = x [m, cols] @ W^T
   void matmul(const float* x, int64_t m, float* y, ThreadPool& pool) const override {

@@ -14,15 +14,18 @@ namespace {
 class FusedLinear final : public CpuLinear {
  public:
   FusedLinear(std::vector<TensorBuffer> arrays, std::unique_ptr<CpuLinear> inner)
-      : arrays_(std::move(arrays)), inner_(std::move(inner)) {}
+      : arrays_(std::move(arrays)), inner_(std::move(inner)) {
+    if (!inner_->reads_stored_arrays()) arrays_.clear();  // the kernel's copy replaces the concatenation
+  }
   int64_t rows() const override { return inner_->rows(); }
   int64_t cols() const override { return inner_->cols(); }
   uint64_t weight_bytes() const override { return inner_->weight_bytes(); }
   void matmul(const float* x, int64_t m, float* y, ThreadPool& pool) const override { inner_->matmul(x, m, y, pool); }
   void gather_rows(std::span<const int32_t> ids, float* out) const override { inner_->gather_rows(ids, out); }
+  bool reads_stored_arrays() const override { return false; }  // the parts' arrays were copied
 
  private:
-  std::vector<TensorBuffer> arrays_;  // the fused tensor's storage; inner_ views it
+  std::vector<TensorBuffer> arrays_;  // the fused tensor's storage while inner_ views it
   std::unique_ptr<CpuLinear> inner_;
 };
 
