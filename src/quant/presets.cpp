@@ -28,9 +28,9 @@ Recipe linears_with_head(std::string name, CodecChoice head, std::vector<CodecCh
   Recipe r;
   r.name = std::move(name);
   r.rotate = rotate;
-  r.rules.push_back({"*embed_tokens.weight", {head}});
-  r.rules.push_back({"lm_head.weight", {head}});
-  r.fallback = {"*", std::move(linears)};
+  r.rules.push_back({"*embed_tokens.weight", {head}, std::nullopt});
+  r.rules.push_back({"lm_head.weight", {head}, std::nullopt});
+  r.fallback = {"*", std::move(linears), std::nullopt};
   return r;
 }
 
