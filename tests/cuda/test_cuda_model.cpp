@@ -125,6 +125,17 @@ TEST_F(CudaModelTest, Affine4LogitsMatchCpu) {
   EXPECT_LT(relative_error(run_logits(*gpu, tokens, 20, pool), run_logits(*cpu, tokens, 20, pool)), 1e-4);
 }
 
+// Trellis tensors keep their padded sizes in their parameters, so q/k/v do not stack and run as three matmuls.
+TEST_F(CudaModelTest, TrellisLogitsMatchCpu) {
+  const ModelConfig c = wider_config();
+  const codec::Params trellis2 = {{"L", 12}, {"k", 2}, {"code", "1mad"}, {"rotate", "none"}};
+  const auto cpu = encoded_model(c, "trellis", trellis2, 4);
+  auto gpu = encoded_model(c, "trellis", trellis2, 4);
+  use_device(*gpu, "cuda");
+  const auto tokens = random_tokens(6, c.vocab, 12);
+  EXPECT_LT(relative_error(run_logits(*gpu, tokens, 3, pool), run_logits(*cpu, tokens, 3, pool)), 1e-3);
+}
+
 // Logits of rows 0..batch-1 after one step.
 std::vector<float> step_logits(CudaModel& gpu, std::span<const int32_t> tokens, std::span<const int32_t> pos,
                                std::span<const int32_t> slot) {
