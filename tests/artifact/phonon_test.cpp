@@ -237,7 +237,9 @@ TEST(Phonon, EveryVariantOpensWithHfNamesAndTheAudioTowerReported) {
     EXPECT_EQ(m.config["hidden_size"], kHidden);
     EXPECT_EQ(m.config["hidden_act"], "silu");  // an mlx_audio default the config left out
     ASSERT_EQ(m.aliases.size(), v.packed_head ? 0u : 1u);
-    if (!v.packed_head) EXPECT_EQ(m.aliases[0].first, "lm_head.weight");
+    if (!v.packed_head) {
+      EXPECT_EQ(m.aliases[0].first, "lm_head.weight");
+    }
     std::map<std::string, const codec::TensorRef*> by_name;
     for (const auto& [name, ref] : m.tensors) by_name[name] = &ref;
     const auto* q = by_name.at("model.layers.1.self_attn.q_proj.weight");
