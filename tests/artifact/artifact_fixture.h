@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <sys/wait.h>
 
 #include <cstring>
 #include <filesystem>
@@ -174,6 +175,21 @@ Errc error_of(Fn&& fn, std::string* message = nullptr) {
   }
   ADD_FAILURE() << "no lowbit::Error thrown";
   return Errc::internal;
+}
+
+struct CliResult {
+  int status = -1;
+  std::string out, err;
+};
+
+// Runs `lowbit args...` (the binary under test, LOWBIT_CLI) to completion, capturing stdout and stderr.
+inline CliResult run_cli(const std::vector<std::string>& args) {
+  TempDir tmp;
+  std::string cmd = LOWBIT_CLI;
+  for (const std::string& a : args) cmd += " '" + a + "'";
+  cmd += " >" + (tmp / "out").string() + " 2>" + (tmp / "err").string();
+  const int raw = std::system(cmd.c_str());
+  return {WIFEXITED(raw) ? WEXITSTATUS(raw) : -1, read_text(tmp / "out"), read_text(tmp / "err")};
 }
 
 }  // namespace lowbit::artifact::testing

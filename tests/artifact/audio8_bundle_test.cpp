@@ -634,43 +634,29 @@ TEST(Audio8Bundle, ExportRefusesWhatNoPrecisionHolds) {
 // ---------------------------------------------------------------------------------------------------------------
 // The lowbit binary
 
-struct CliRun {
-  int status = -1;
-  std::string out, err;
-};
-
-CliRun lowbit(const std::vector<std::string>& args) {
-  TempDir tmp;
-  std::string cmd = LOWBIT_CLI;
-  for (const std::string& a : args) cmd += " '" + a + "'";
-  cmd += " >" + (tmp / "out").string() + " 2>" + (tmp / "err").string();
-  const int raw = std::system(cmd.c_str());
-  return {WIFEXITED(raw) ? WEXITSTATUS(raw) : -1, read_text(tmp / "out"), read_text(tmp / "err")};
-}
-
 TEST(Audio8Bundle, CliVerifyInspectImportExport) {
   TempDir tmp;
   const fs::path b = tmp / "b", a = tmp / "a", b2 = tmp / "b2";
   const Bundle bundle = make_bundle();
   write_bundle(b, bundle);
-  CliRun r = lowbit({"verify", b.string()});
+  CliResult r = run_cli({"verify", b.string()});
   EXPECT_EQ(r.status, 0) << r.err;
   EXPECT_NE(r.out.find("OK: audio8-mixed-bundle-v2, 6 tensors, 1 aliases"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("audio_tower (2 tensors)"), std::string::npos) << r.out;
-  r = lowbit({"inspect", "--json", b.string()});
+  r = run_cli({"inspect", "--json", b.string()});
   ASSERT_EQ(r.status, 0) << r.err;
   const json inspected = json::parse(r.out);
   EXPECT_EQ(inspected["format"], "audio8-mixed-bundle-v2");
   EXPECT_EQ(inspected["tensors"].size(), 6u);
   EXPECT_EQ(inspected["tensors"][0]["codec"], "offset_scale");
-  r = lowbit({"import", b.string(), a.string()});
+  r = run_cli({"import", b.string(), a.string()});
   ASSERT_EQ(r.status, 0) << r.err;
-  EXPECT_EQ(lowbit({"verify", a.string()}).status, 0);
-  r = lowbit({"export", a.string(), b2.string(), "--format", "audio8-v2"});
+  EXPECT_EQ(run_cli({"verify", a.string()}).status, 0);
+  r = run_cli({"export", a.string(), b2.string(), "--format", "audio8-v2"});
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_EQ(read_text(b2 / "weights.bin"), bundle.payload);
-  EXPECT_EQ(lowbit({"export", a.string(), b2.string()}).status, 1);  // exists
-  EXPECT_EQ(lowbit({"export", a.string(), (tmp / "b3").string(), "--format", "gguf"}).status, 2);
+  EXPECT_EQ(run_cli({"export", a.string(), b2.string()}).status, 1);  // exists
+  EXPECT_EQ(run_cli({"export", a.string(), (tmp / "b3").string(), "--format", "gguf"}).status, 2);
 
   Bundle bad = bundle;
   rec(bad, kQ3)["row_bytes"] = 7;
@@ -678,7 +664,7 @@ TEST(Audio8Bundle, CliVerifyInspectImportExport) {
   for (const char* command : {"verify", "inspect", "import"}) {
     std::vector<std::string> args = {command, (tmp / "bad").string()};
     if (std::string_view(command) == "import") args.push_back((tmp / "bad-a").string());
-    r = lowbit(args);
+    r = run_cli(args);
     EXPECT_EQ(r.status, 3) << command << ": " << r.err;
     EXPECT_NE(r.err.find("field 'row_bytes' = 7, expected 48"), std::string::npos) << r.err;
   }

@@ -14,21 +14,6 @@
 namespace lowbit::artifact::testing {
 namespace {
 
-struct Result {
-  int status = -1;
-  std::string out, err;
-};
-
-// Runs `lowbit args...` to completion, capturing stdout and stderr.
-Result run_cli(const std::vector<std::string>& args) {
-  TempDir tmp;
-  std::string cmd = LOWBIT_CLI;
-  for (const std::string& a : args) cmd += " '" + a + "'";
-  cmd += " >" + (tmp / "out").string() + " 2>" + (tmp / "err").string();
-  const int raw = std::system(cmd.c_str());
-  return {WIFEXITED(raw) ? WEXITSTATUS(raw) : -1, read_text(tmp / "out"), read_text(tmp / "err")};
-}
-
 // Starts `lowbit args...` with output discarded; returns its pid.
 pid_t spawn_cli(const std::vector<std::string>& args) {
   std::vector<char*> argv{const_cast<char*>(LOWBIT_CLI)};
@@ -50,9 +35,9 @@ size_t count_lines(const std::string& s) { return static_cast<size_t>(std::count
 TEST(Cli, VerifyAcceptsWhatDemoArtifactWrites) {
   TempDir tmp;
   const std::string dir = (tmp / "demo").string();
-  const Result w = run_cli({"demo-artifact", dir, "--tensors", "5", "--seed", "9", "--shard-bytes", "20000"});
+  const CliResult w = run_cli({"demo-artifact", dir, "--tensors", "5", "--seed", "9", "--shard-bytes", "20000"});
   ASSERT_EQ(w.status, 0) << w.err;
-  const Result v = run_cli({"verify", dir});
+  const CliResult v = run_cli({"verify", dir});
   EXPECT_EQ(v.status, 0) << v.err;
   EXPECT_EQ(v.out.rfind("OK: 5 tensors, ", 0), 0u) << v.out;
   EXPECT_EQ(run_cli({"verify", dir, "--paranoid"}).status, 0);
@@ -62,11 +47,11 @@ TEST(Cli, VerifyAcceptsWhatDemoArtifactWrites) {
 TEST(Cli, InspectPrintsATableOrOneJsonObject) {
   TempDir tmp;
   write_valid_artifact(tmp / "a", 21);
-  const Result table = run_cli({"inspect", (tmp / "a").string()});
+  const CliResult table = run_cli({"inspect", (tmp / "a").string()});
   ASSERT_EQ(table.status, 0) << table.err;
   EXPECT_NE(table.out.find("layers.2.weight"), std::string::npos);
   EXPECT_NE(table.out.find("offset_scale"), std::string::npos);
-  const Result j = run_cli({"inspect", (tmp / "a").string(), "--json"});
+  const CliResult j = run_cli({"inspect", (tmp / "a").string(), "--json"});
   ASSERT_EQ(j.status, 0) << j.err;
   const json doc = json::parse(j.out);
   EXPECT_EQ(doc["tensors"].size(), 6u);
@@ -79,7 +64,7 @@ TEST(Cli, ExitCodesSayWhatWentWrong) {
   TempDir tmp;
   write_valid_artifact(tmp / "a", 22);
   std::ofstream(tmp / "a" / "config.json", std::ios::app) << ' ';
-  const Result bad = run_cli({"verify", (tmp / "a").string()});
+  const CliResult bad = run_cli({"verify", (tmp / "a").string()});
   EXPECT_EQ(bad.status, 3);
   EXPECT_EQ(count_lines(bad.err), 1u) << bad.err;
   EXPECT_NE(bad.err.find("config.json"), std::string::npos) << bad.err;
@@ -88,7 +73,7 @@ TEST(Cli, ExitCodesSayWhatWentWrong) {
   EXPECT_EQ(run_cli({"verify"}).status, 2);
   EXPECT_EQ(run_cli({"verify", (tmp / "a").string(), "--no-such-flag"}).status, 2);
   EXPECT_EQ(run_cli({"inspect"}).status, 2);
-  const Result exists = run_cli({"demo-artifact", (tmp / "a").string()});
+  const CliResult exists = run_cli({"demo-artifact", (tmp / "a").string()});
   EXPECT_EQ(exists.status, 1);
   EXPECT_NE(exists.err.find("--force"), std::string::npos) << exists.err;
 }
@@ -118,7 +103,9 @@ TEST(CrashConsistency, KilledWritersLeaveNothingOrACompleteArtifact) {
     const bool replace = run % 2 == 0;  // even runs replace an existing artifact with --force
     uint64_t before = 0;
     if (replace) {
-      if (!fs::exists(dest)) ASSERT_EQ(run_cli(demo_args(dest, 1000 + run, false)).status, 0);
+      if (!fs::exists(dest)) {
+        ASSERT_EQ(run_cli(demo_args(dest, 1000 + run, false)).status, 0);
+      }
       before = Artifact::open(dest).provenance().seeds.at("demo");
     } else {
       fs::remove_all(dest);

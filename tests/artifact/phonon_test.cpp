@@ -516,44 +516,30 @@ TEST(Phonon, ImportIsBitExact) {
 
 // ---- The lowbit binary ---------------------------------------------------------------------------------------
 
-struct Result {
-  int status = -1;
-  std::string out, err;
-};
-
-Result run_cli(const std::vector<std::string>& args) {
-  TempDir tmp;
-  std::string cmd = LOWBIT_CLI;
-  for (const std::string& a : args) cmd += " '" + a + "'";
-  cmd += " >" + (tmp / "out").string() + " 2>" + (tmp / "err").string();
-  const int raw = std::system(cmd.c_str());
-  return {WIFEXITED(raw) ? WEXITSTATUS(raw) : -1, read_text(tmp / "out"), read_text(tmp / "err")};
-}
-
 TEST(PhononCli, VerifyInspectAndImport) {
   TempDir tmp;
   const std::string dir = (tmp / "p").string(), art = (tmp / "a").string();
   fixture({Storage::quint5, true, true}).write(dir);
-  const Result v = run_cli({"verify", dir});
+  const CliResult v = run_cli({"verify", dir});
   ASSERT_EQ(v.status, 0) << v.err;
   EXPECT_EQ(v.out.rfind("OK: phonon-packed-decoder, ", 0), 0u) << v.out;
   EXPECT_NE(v.out.find("not run by lowbit: audio_tower"), std::string::npos) << v.out;
-  const Result j = run_cli({"inspect", dir, "--json"});
+  const CliResult j = run_cli({"inspect", dir, "--json"});
   ASSERT_EQ(j.status, 0) << j.err;
   const json doc = json::parse(j.out);
   EXPECT_EQ(doc["format"], phonon::kFormatName);
   EXPECT_EQ(doc["unsupported"], json::array({"audio_tower"}));
   EXPECT_EQ(doc["config"]["model_type"], "qwen3");
-  const Result table = run_cli({"inspect", dir});
+  const CliResult table = run_cli({"inspect", dir});
   ASSERT_EQ(table.status, 0) << table.err;
   EXPECT_NE(table.out.find("two_plane"), std::string::npos) << table.out;
   EXPECT_NE(table.out.find("not run by lowbit: audio_tower"), std::string::npos) << table.out;
-  const Result imported = run_cli({"import", dir, art});
+  const CliResult imported = run_cli({"import", dir, art});
   ASSERT_EQ(imported.status, 0) << imported.err;
   EXPECT_NE(imported.err.find("'audio_tower' is copied but not run"), std::string::npos) << imported.err;
   EXPECT_EQ(run_cli({"verify", art}).status, 0);
   write_text(tmp / "p" / "packed_manifest.json", "{\"status\": \"FAIL\"}");
-  const Result bad = run_cli({"verify", dir});
+  const CliResult bad = run_cli({"verify", dir});
   EXPECT_EQ(bad.status, 3);
   EXPECT_NE(bad.err.find("status is \"FAIL\""), std::string::npos) << bad.err;
 }
@@ -571,7 +557,7 @@ TEST(PhononCli, GeneratesTheSameTokensAsItsImport) {
     std::vector<std::string> from_dir{"generate", dir}, from_art{"generate", art};
     from_dir.insert(from_dir.end(), gen.begin(), gen.end());
     from_art.insert(from_art.end(), gen.begin(), gen.end());
-    const Result a = run_cli(from_dir), b = run_cli(from_art);
+    const CliResult a = run_cli(from_dir), b = run_cli(from_art);
     ASSERT_EQ(a.status, 0) << a.err;
     ASSERT_EQ(b.status, 0) << b.err;
     EXPECT_NE(a.err.find("'audio_tower' is not supported by lowbit and is not run"), std::string::npos) << a.err;

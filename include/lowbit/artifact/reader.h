@@ -22,7 +22,7 @@ struct ReadOptions {
   bool verify_hash = true;  // SHA-256 of every file; turn off only for trusted local files
   bool paranoid = false;    // also hash every file again after loading
   // Test hook: runs after every file is mapped and checked, just before the final "did anything change" check.
-  std::function<void()> before_recheck;
+  std::function<void()> before_recheck = nullptr;
 };
 
 class Artifact {
