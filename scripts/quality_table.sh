@@ -15,6 +15,7 @@
 #   QUALITY_ASSEMBLE_ONLY=1   compute nothing, only write the table from the cached rows
 #   QUALITY_FORCE=1           recompute rows even when this key has them
 #   QUALITY_RESULTS=DIR       the row cache (default .cache/lowbit/quality)
+#   QUALITY_OUT=FILE          where the table goes (default docs/QUALITY.md; "-" = no table, only the rows)
 #   QUALITY_SMOL_BYTES=N      bytes of WikiText-2 scored for SmolLM2 (default 12000; 0 = the whole file)
 #   QUALITY_SMOL_PRESETS="P ..."  SmolLM2's presets when they differ from stories260K's
 #   QUALITY_SKIP_SMOL=1   stories260K only;  QUALITY_SKIP_STORIES=1  SmolLM2 only
@@ -31,7 +32,7 @@ trap 'rm -rf "$work"' EXIT
 all_presets=(affine4 affine3 affine2 q4 q3 fivestate trellis4 trellis3 trellis2)
 presets=("$@")
 [ ${#presets[@]} -gt 0 ] || presets=("${all_presets[@]}")
-out=docs/QUALITY.md
+out=${QUALITY_OUT:-docs/QUALITY.md}
 
 # affine2 is no built-in preset: affine3's recipe with 2-bit linears.
 cat > "$work/affine2.json" <<'JSON'
@@ -175,6 +176,7 @@ if [ -z "${QUALITY_ASSEMBLE_ONLY:-}" ]; then
   done
 fi
 
+[ "$out" != - ] || exit 0
 table_rows=""
 for m in "${models[@]}"; do
   r=$(model_table "$m")
