@@ -48,6 +48,35 @@ void for_rows(ThreadPool* pool, int64_t rows, const std::function<void(size_t, s
     fn(0, static_cast<size_t>(rows));
 }
 
+// The four affine values of one group, as stored (rounded to the scale dtype); slim metadata expanded.
+struct GroupMetadata {
+  float base_scale, base_bias, residual_scale, residual_bias;
+};
+
+// The value digit d (state + 2) decodes to, computed exactly as decode_rows does.
+float digit_value(const GroupMetadata& m, uint8_t d) {
+  return (m.base_scale * static_cast<float>(kStateBase[d]) + m.base_bias) +
+         (m.residual_scale * static_cast<float>(kStateResidual[d]) + m.residual_bias);
+}
+
+// The digit whose decoded value is nearest to w under metadata m, state 0 on ties; sets `value`.
+uint8_t nearest_digit(float w, const GroupMetadata& m, float& value) {
+  uint8_t best = kZeroDigit;
+  value = digit_value(m, kZeroDigit);
+  for (uint8_t d = 0; d < 5; ++d) {
+    const float v = digit_value(m, d);
+    if (std::fabs(w - v) < std::fabs(w - value)) best = d, value = v;
+  }
+  return best;
+}
+
+// Levels center + {-(sb + sr), -sb, 0, sb, sb + sr} as stored metadata: residual bias -sr, base bias center - sb
+// (center 0 gives the biases = -scale of slim metadata and of a symmetric group).
+GroupMetadata centered(DType dtype, double center, double sb, double sr) {
+  const float base = round_to(dtype, static_cast<float>(sb)), residual = round_to(dtype, static_cast<float>(sr));
+  return {base, round_to(dtype, static_cast<float>(center - base)), residual, -residual};
+}
+
 // The weights being encoded with their importance; error sums are importance-weighted.
 struct Source {
   const float* weights;
@@ -56,26 +85,31 @@ struct Source {
   double weight(int64_t c) const { return importance ? importance[c] : 1.0; }
 };
 
-// States and per-group plane scales of the tensor being encoded (biases are always -scale).
+// States and per-group metadata of the tensor being encoded.
 struct Encoding {
   const Layout& l;
-  std::vector<int8_t> states;      // [rows, cols]
-  std::vector<float> base_scales;  // [rows, groups]
-  std::vector<float> residual_scales;
+  std::vector<int8_t> states;        // [rows, cols]
+  std::vector<GroupMetadata> grids;  // [rows, groups]
 
-  float sb(int64_t r, int64_t c) const { return base_scales[r * l.groups_per_row() + c / kGroupSize]; }
-  float sr(int64_t r, int64_t c) const { return residual_scales[r * l.groups_per_row() + c / kGroupSize]; }
+  GroupMetadata& grid(int64_t r, int64_t c) { return grids[r * l.groups_per_row() + c / kGroupSize]; }
+  const GroupMetadata& grid(int64_t r, int64_t c) const { return grids[r * l.groups_per_row() + c / kGroupSize]; }
 
-  // Reassigns the states of columns [c0, c1) of row r and returns their squared error.
+  // Reassigns the states of columns [c0, c1) of row r (all in one group) and returns their squared error.
   double assign(const Source& src, int64_t r, int64_t c0, int64_t c1) {
+    const GroupMetadata& m = grid(r, c0);
     double e = 0.0;
     for (int64_t c = c0; c < c1; ++c) {
       const float w = src.weights[r * src.cols + c];
-      const int s = nearest_state(w, sb(r, c), sr(r, c));
-      states[r * l.cols + c] = static_cast<int8_t>(s);
-      const double d = w - state_value(s, sb(r, c), sr(r, c));
+      float v;
+      states[r * l.cols + c] = static_cast<int8_t>(nearest_digit(w, m, v) - kZeroDigit);
+      const double d = w - v;
       e += src.weight(c) * d * d;
     }
+    return e;
+  }
+  double assign_row(const Source& src, int64_t r) {
+    double e = 0.0;
+    for (int64_t c0 = 0; c0 < l.cols; c0 += kGroupSize) e += assign(src, r, c0, std::min(l.cols, c0 + kGroupSize));
     return e;
   }
 };
@@ -115,38 +149,78 @@ float best_alpha(const float* w, const Source& src) {
   return static_cast<float>(best_a);
 }
 
-// Full metadata refinement of one group: least-squares (sb, sr) for its states, states reassigned, kept while
-// the error falls.
-void refine_group(Encoding& enc, const Source& src, int64_t r, int64_t g) {
-  const int64_t c0 = g * kGroupSize, c1 = std::min(enc.l.cols, c0 + kGroupSize);
-  const int64_t i = r * enc.l.groups_per_row() + g;
+// Least-squares center and steps for the group's current states (w ~ center + sb * b + sr * q, b = clamp(s, -1,
+// 1), q = s - b); a step no state uses keeps its value. False when nothing is left to fit.
+bool refit_group(const Encoding& enc, const Source& src, int64_t r, int64_t c0, int64_t c1, const GroupMetadata& m,
+                 double& center, double& sb, double& sr) {
+  double n = 0, nb = 0, nq = 0, bb = 0, bq = 0, qq = 0, w1 = 0, wb = 0, wq = 0;
+  for (int64_t c = c0; c < c1; ++c) {
+    const int s = enc.states[r * enc.l.cols + c], b = std::clamp(s, -1, 1), q = s - b;
+    const double w = src.weights[r * src.cols + c], k = src.weight(c);
+    n += k, nb += k * b, nq += k * q, bb += k * b * b, bq += k * b * q, qq += k * q * q;
+    w1 += k * w, wb += k * w * b, wq += k * w * q;
+  }
+  if (!(n > 0)) return false;
+  sb = m.base_scale, sr = m.residual_scale;
+  // Solve the normal equations of the used parameters by Cramer's rule (3 x 3, 2 x 2 or the mean).
+  if (qq > 0 && bb > 0) {
+    const double det = n * (bb * qq - bq * bq) - nb * (nb * qq - bq * nq) + nq * (nb * bq - bb * nq);
+    if (!(std::fabs(det) > 1e-12 * n * bb * qq)) return false;
+    center = (w1 * (bb * qq - bq * bq) - nb * (wb * qq - bq * wq) + nq * (wb * bq - bb * wq)) / det;
+    sb = (n * (wb * qq - bq * wq) - w1 * (nb * qq - bq * nq) + nq * (nb * wq - wb * nq)) / det;
+    sr = (n * (bb * wq - wb * bq) - nb * (nb * wq - wb * nq) + w1 * (nb * bq - bb * nq)) / det;
+  } else if (bb > 0) {
+    const double det = n * bb - nb * nb;
+    if (!(std::fabs(det) > 1e-12 * n * bb)) return false;
+    center = (w1 * bb - nb * wb) / det;
+    sb = (n * wb - nb * w1) / det;
+  } else {
+    center = w1 / n;
+  }
+  return true;
+}
+
+// Full metadata, one group of row r: the best of a ladder of ranges about the weights' midrange (the full range
+// down to about half of it, equal steps, the outer levels at the range's ends); `search` adds least-squares
+// refits of the center and both steps with the states reassigned, kept while the error falls.
+void encode_group(Encoding& enc, const Source& src, int64_t r, int64_t c0, int64_t c1, bool search) {
+  const float* w = src.weights + r * src.cols;
+  float lo = w[c0], hi = w[c0];
+  for (int64_t c = c0; c < c1; ++c) lo = std::min(lo, w[c]), hi = std::max(hi, w[c]);
+  const double mid = 0.5 * (static_cast<double>(lo) + hi), half = 0.5 * (static_cast<double>(hi) - lo);
+  const DType dtype = enc.l.scale_dtype;
+  GroupMetadata& m = enc.grid(r, c0);
+  m = centered(dtype, mid, half / 2, half / 2);
   double e = enc.assign(src, r, c0, c1);
-  for (int it = 0; it < 3; ++it) {
-    double bb = 0, br = 0, rr = 0, wb = 0, wr = 0;
-    for (int64_t c = c0; c < c1; ++c) {
-      const int s = enc.states[r * enc.l.cols + c], b = std::clamp(s, -1, 1), q = s - b;
-      const double w = src.weights[r * src.cols + c], k = src.weight(c);
-      bb += k * b * b, br += k * b * q, rr += k * q * q, wb += k * w * b, wr += k * w * q;
-    }
-    const double det = bb * rr - br * br;
-    if (!(std::fabs(det) > 1e-12 * std::max(1.0, bb * rr))) return;
-    const float old_sb = enc.base_scales[i], old_sr = enc.residual_scales[i];
-    enc.base_scales[i] = round_to(enc.l.scale_dtype, static_cast<float>((wb * rr - wr * br) / det));
-    enc.residual_scales[i] = round_to(enc.l.scale_dtype, static_cast<float>((wr * bb - wb * br) / det));
+  GroupMetadata best = m;
+  constexpr int kLadder = 16;
+  for (int k = 1; k < kLadder; ++k) {
+    const double step = half * (1.0 - k / (2.0 * kLadder)) / 2;
+    m = centered(dtype, mid, step, step);
+    const double ek = enc.assign(src, r, c0, c1);
+    if (ek < e) e = ek, best = m;
+  }
+  m = best;
+  enc.assign(src, r, c0, c1);
+  if (!search) return;
+  for (int it = 0; it < 4; ++it) {
+    double center, sb, sr;
+    if (!refit_group(enc, src, r, c0, c1, m, center, sb, sr)) break;
+    m = centered(dtype, center, sb, sr);
     const double e_new = enc.assign(src, r, c0, c1);
     if (!(e_new < e)) {
-      enc.base_scales[i] = old_sb, enc.residual_scales[i] = old_sr;
+      m = best;
       enc.assign(src, r, c0, c1);
       return;
     }
-    e = e_new;
+    e = e_new, best = m;
   }
 }
 
 double assign_all(Encoding& enc, const Source& src, ThreadPool* pool) {
   std::vector<double> row_errors(static_cast<size_t>(enc.l.rows));
   for_rows(pool, enc.l.rows, [&](size_t r0, size_t r1) {
-    for (size_t r = r0; r < r1; ++r) row_errors[r] = enc.assign(src, static_cast<int64_t>(r), 0, enc.l.cols);
+    for (size_t r = r0; r < r1; ++r) row_errors[r] = enc.assign_row(src, static_cast<int64_t>(r));
   });
   double e = 0.0;
   for (double x : row_errors) e += x;
@@ -155,10 +229,8 @@ double assign_all(Encoding& enc, const Source& src, ThreadPool* pool) {
 
 void set_slim(Encoding& enc, const std::vector<float>& alphas, float residual) {
   for (int64_t r = 0; r < enc.l.rows; ++r)
-    for (int64_t g = 0; g < enc.l.groups_per_row(); ++g) {
-      enc.base_scales[r * enc.l.groups_per_row() + g] = alphas[r];
-      enc.residual_scales[r * enc.l.groups_per_row() + g] = residual;
-    }
+    for (int64_t g = 0; g < enc.l.groups_per_row(); ++g)
+      enc.grids[r * enc.l.groups_per_row() + g] = {alphas[r], -alphas[r], residual, -residual};
 }
 
 // Slim metadata refinement: alternately least-squares alphas per row and the single residual scale, states
@@ -246,8 +318,8 @@ void store_metadata(const Encoding& enc, EncodedTensor& out) {
   if (l.metadata == Metadata::slim) {
     TensorBuffer alpha = make_buffer(l.scale_dtype, {l.rows});
     TensorBuffer residual = make_buffer(l.scale_dtype, {1});
-    for (int64_t r = 0; r < l.rows; ++r) store_float(l.scale_dtype, alpha.bytes.data(), r, enc.sb(r, 0));
-    store_float(l.scale_dtype, residual.bytes.data(), 0, enc.sr(0, 0));
+    for (int64_t r = 0; r < l.rows; ++r) store_float(l.scale_dtype, alpha.bytes.data(), r, enc.grid(r, 0).base_scale);
+    store_float(l.scale_dtype, residual.bytes.data(), 0, enc.grid(0, 0).residual_scale);
     out.arrays.emplace_back("base_alpha", std::move(alpha));
     out.arrays.emplace_back("residual_scale", std::move(residual));
     return;
@@ -255,11 +327,11 @@ void store_metadata(const Encoding& enc, EncodedTensor& out) {
   const Shape shape{l.rows, l.groups_per_row()};
   TensorBuffer bs = make_buffer(l.scale_dtype, shape), bb = make_buffer(l.scale_dtype, shape);
   TensorBuffer rs = make_buffer(l.scale_dtype, shape), rb = make_buffer(l.scale_dtype, shape);
-  for (size_t i = 0; i < enc.base_scales.size(); ++i) {
-    store_float(l.scale_dtype, bs.bytes.data(), i, enc.base_scales[i]);
-    store_float(l.scale_dtype, bb.bytes.data(), i, -enc.base_scales[i]);
-    store_float(l.scale_dtype, rs.bytes.data(), i, enc.residual_scales[i]);
-    store_float(l.scale_dtype, rb.bytes.data(), i, -enc.residual_scales[i]);
+  for (size_t i = 0; i < enc.grids.size(); ++i) {
+    store_float(l.scale_dtype, bs.bytes.data(), i, enc.grids[i].base_scale);
+    store_float(l.scale_dtype, bb.bytes.data(), i, enc.grids[i].base_bias);
+    store_float(l.scale_dtype, rs.bytes.data(), i, enc.grids[i].residual_scale);
+    store_float(l.scale_dtype, rb.bytes.data(), i, enc.grids[i].residual_bias);
   }
   out.arrays.emplace_back("base_scales", std::move(bs));
   out.arrays.emplace_back("base_biases", std::move(bb));
@@ -268,10 +340,6 @@ void store_metadata(const Encoding& enc, EncodedTensor& out) {
 }
 
 // The four affine values of group g of row r, read from stored (not expanded) metadata.
-struct GroupMetadata {
-  float base_scale, base_bias, residual_scale, residual_bias;
-};
-
 GroupMetadata group_metadata(const Layout& l, const ArrayViews& arrays, int64_t r, int64_t g) {
   if (l.metadata == Metadata::slim) {
     const float alpha = load_float(l.scale_dtype, arrays.at("base_alpha").bytes.data(), r);
@@ -281,21 +349,6 @@ GroupMetadata group_metadata(const Layout& l, const ArrayViews& arrays, int64_t 
   const auto i = static_cast<size_t>(r * l.groups_per_row() + g);
   const auto load = [&](std::string_view role) { return load_float(l.scale_dtype, arrays.at(role).bytes.data(), i); };
   return {load("base_scales"), load("base_biases"), load("residual_scales"), load("residual_biases")};
-}
-
-// The digit (state + 2) whose decoded value is nearest to w under metadata m, state 0 on ties; sets `value`.
-uint8_t nearest_digit(float w, const GroupMetadata& m, float& value) {
-  const auto decoded = [&](uint8_t d) {
-    return (m.base_scale * static_cast<float>(kStateBase[d]) + m.base_bias) +
-           (m.residual_scale * static_cast<float>(kStateResidual[d]) + m.residual_bias);
-  };
-  uint8_t best = kZeroDigit;
-  value = decoded(kZeroDigit);
-  for (uint8_t d = 0; d < 5; ++d) {
-    const float v = decoded(d);
-    if (std::fabs(w - v) < std::fabs(w - value)) best = d, value = v;
-  }
-  return best;
 }
 
 // The writable code arrays of an encoded tensor (planes: base and residual words; quint5 / trit3: bytes).
@@ -516,13 +569,13 @@ EncodedTensor encode(const Params& params, const Shape& shape, const float* weig
                                     "[two_plane] shape");
   Encoding enc{l, std::vector<int8_t>(checked_mul(static_cast<uint64_t>(l.rows), static_cast<uint64_t>(l.cols),
                                                   "[two_plane] shape")),
-               std::vector<float>(groups), std::vector<float>(groups)};
-  std::vector<float> alphas(static_cast<size_t>(l.rows));
-  for_rows(options.pool, l.rows, [&](size_t r0, size_t r1) {
-    for (size_t r = r0; r < r1; ++r)
-      alphas[r] = round_to(l.scale_dtype, best_alpha(weights + static_cast<int64_t>(r) * l.cols, src));
-  });
+               std::vector<GroupMetadata>(groups)};
   if (l.metadata == Metadata::slim) {
+    std::vector<float> alphas(static_cast<size_t>(l.rows));
+    for_rows(options.pool, l.rows, [&](size_t r0, size_t r1) {
+      for (size_t r = r0; r < r1; ++r)
+        alphas[r] = round_to(l.scale_dtype, best_alpha(weights + static_cast<int64_t>(r) * l.cols, src));
+    });
     double sum = 0.0;
     for (float a : alphas) sum += a;
     float residual = round_to(l.scale_dtype, static_cast<float>(sum / static_cast<double>(l.rows)));
@@ -532,17 +585,10 @@ EncodedTensor encode(const Params& params, const Shape& shape, const float* weig
     else
       assign_all(enc, src, options.pool);
   } else {
-    for (int64_t r = 0; r < l.rows; ++r)
-      for (int64_t g = 0; g < l.groups_per_row(); ++g)
-        enc.base_scales[r * l.groups_per_row() + g] = enc.residual_scales[r * l.groups_per_row() + g] = alphas[r];
     for_rows(options.pool, l.rows, [&](size_t r0, size_t r1) {
       for (auto r = static_cast<int64_t>(r0); r < static_cast<int64_t>(r1); ++r)
-        for (int64_t g = 0; g < l.groups_per_row(); ++g) {
-          if (options.search)
-            refine_group(enc, src, r, g);
-          else
-            enc.assign(src, r, g * kGroupSize, std::min(l.cols, (g + 1) * kGroupSize));
-        }
+        for (int64_t c0 = 0; c0 < l.cols; c0 += kGroupSize)
+          encode_group(enc, src, r, c0, std::min(l.cols, c0 + kGroupSize), options.search);
     });
   }
   EncodedTensor out;

@@ -12,20 +12,26 @@ namespace lowbit::quant {
 namespace {
 
 // Group width of a codec whose per-group parameters GPTQ may choose itself (normalized params with a
-// "group_size" that divides the width); 0 keeps the grid encode() chose for the whole tensor.
+// "group_size", and a width it divides or pads to a whole number of groups, "padded_cols"); 0 keeps the grid
+// encode() chose for the whole tensor.
 int64_t regrid_width(const codec::Params& stored, int64_t cols) {
   if (!stored.is_object() || !stored.contains("group_size") || !stored["group_size"].is_number_integer()) return 0;
   const int64_t g = stored["group_size"].get<int64_t>();
-  return g > 0 && cols % g == 0 ? g : 0;
+  if (!(g > 0)) return 0;
+  if (cols % g == 0) return g;
+  const bool padded = stored.contains("padded_cols") && stored["padded_cols"].is_number_integer() &&
+                      stored["padded_cols"].get<int64_t>() == (cols + g - 1) / g * g;
+  return padded ? g : 0;
 }
 
-// Chooses the grid of group `group` (columns [c0, c0 + width)) from the current, error-fed weights, as GPTQ
-// does when it reaches a group: the slice is encoded on its own (with a search weighted by diag(H) where the
-// codec has one) and its per-group arrays (shape [rows, 1]: scales, biases) are copied into the tensor's
-// [rows, groups] arrays. Codes are left to quantize_column.
+// Chooses the grid of the group at columns [c0, c0 + width) (the last group of a padded width may be narrower
+// than `group`) from the current, error-fed weights, as GPTQ does when it reaches a group: the slice is encoded on
+// its own (with a search weighted by diag(H) where the codec has one) and its per-group arrays (shape [rows, 1]:
+// scales, biases) are copied into the tensor's [rows, groups] arrays. Codes are left to quantize_column.
 void regrid(const codec::Codec& codec, const codec::Params& params, codec::EncodedTensor& tensor,
-            const std::vector<float>& w, int64_t rows, int64_t cols, int64_t c0, int64_t width,
+            const std::vector<float>& w, int64_t rows, int64_t cols, int64_t c0, int64_t group,
             const std::vector<float>& diag, const codec::EncodeOptions& base) {
+  const int64_t width = std::min(group, cols - c0), groups = (cols + group - 1) / group;
   std::vector<float> slice(static_cast<size_t>(rows * width));
   for (int64_t r = 0; r < rows; ++r) std::copy_n(w.data() + r * cols + c0, width, slice.data() + r * width);
   codec::EncodeOptions eo = base;
@@ -33,16 +39,16 @@ void regrid(const codec::Codec& codec, const codec::Params& params, codec::Encod
   eo.search = true;
   eo.pool = &default_pool();
   const codec::EncodedTensor part = codec.encode(params, Shape{rows, width}, slice.data(), eo);
-  const int64_t group = c0 / width;
+  const int64_t index = c0 / group;
   for (const auto& [role, sub] : part.arrays) {
     if (sub.shape != Shape{rows, 1}) continue;
     auto it = std::find_if(tensor.arrays.begin(), tensor.arrays.end(), [&](const auto& a) { return a.first == role; });
     if (it == tensor.arrays.end() || it->second.dtype != sub.dtype || it->second.shape.size() != 2 ||
-        it->second.shape[0] != rows || it->second.shape[1] != cols / width)
+        it->second.shape[0] != rows || it->second.shape[1] != groups)
       fail(Errc::internal, "[gptq] codec '{}': array '{}' is not one entry per row and group", codec.id, role);
     const size_t elem = dtype_size(sub.dtype);
     for (int64_t r = 0; r < rows; ++r)
-      std::copy_n(sub.bytes.data() + r * elem, elem, it->second.bytes.data() + (r * (cols / width) + group) * elem);
+      std::copy_n(sub.bytes.data() + r * elem, elem, it->second.bytes.data() + (r * groups + index) * elem);
   }
 }
 

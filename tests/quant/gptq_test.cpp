@@ -203,6 +203,42 @@ TEST(Gptq, GroupScalesAreChosenFromTheErrorFedWeights) {
   EXPECT_NEAR(hessian_loss(p.w, q, 32, p.h), g.loss, 1e-5 * g.loss);
 }
 
+// A width the group does not divide is padded; its last, narrower group is chosen by the sweep like the others.
+// With a diagonal H nothing is fed forward, so each group's grid is the codec's search (weighted by diag H) on
+// the original slice, and its columns are rounded to the nearest level on it: exactly encode() of the slice.
+TEST(Gptq, PaddedLastGroupIsRegridded) {
+  struct Case {
+    const char* codec;
+    codec::Params params;
+    int64_t cols, group;
+  };
+  const Case cases[] = {{"two_plane", {{"storage", "quint5"}, {"metadata", "full"}}, 192, 128},
+                        {"affine", {{"bits", 3}, {"group_size", 64}, {"scale_dtype", "bf16"}}, 160, 64}};
+  for (const Case& k : cases) {
+    Problem p = make_problem(16, k.cols, 23);
+    for (int64_t i = 0; i < k.cols; ++i)
+      for (int64_t j = 0; j < k.cols; ++j)
+        if (i != j) p.h.h[i * k.cols + j] = 0;
+    const codec::Codec& codec = codec::codec_or_throw(k.codec, "test");
+    const RoundingResult r = gptq_quantize(codec, k.params, p.shape, p.w.data(), p.h, GptqOptions{});
+    ASSERT_FALSE(r.guard_tripped) << k.codec;
+    const auto q = codec::decode_all({&codec, r.tensor.params, p.shape, r.tensor.views()});
+    const int64_t c0 = k.cols / k.group * k.group, width = k.cols - c0;
+    std::vector<float> slice, diag;
+    for (int64_t row = 0; row < 16; ++row) slice.insert(slice.end(), &p.w[row * k.cols + c0], &p.w[row * k.cols + k.cols]);
+    for (int64_t c = c0; c < k.cols; ++c) diag.push_back(static_cast<float>(p.h.h[c * k.cols + c]));
+    codec::EncodeOptions eo;
+    eo.search = true;
+    eo.column_importance = diag;
+    const codec::EncodedTensor alone = codec.encode(k.params, {16, width}, slice.data(), eo);
+    const auto expected = codec::decode_all({&codec, alone.params, Shape{16, width}, alone.views()});
+    int64_t differing = 0;
+    for (int64_t row = 0; row < 16; ++row)
+      for (int64_t c = 0; c < width; ++c) differing += q[row * k.cols + c0 + c] != expected[row * width + c];
+    EXPECT_EQ(differing, 0) << k.codec;
+  }
+}
+
 }  // namespace
 }  // namespace lowbit::quant
 

@@ -86,10 +86,12 @@ std::vector<ArraySpec> arrays(const Params& params, const Shape& shape);
 void check_content(const Params& params, const Shape& shape, const ArrayViews& arrays);
 void decode_rows(const Params& params, const Shape& shape, const ArrayViews& arrays, int64_t row_begin,
                  int64_t row_end, float* out);
-// Per weight the nearest of {0, +-a, +-(a + r)}: a = alpha of the row, chosen to minimize the row's squared
-// error with r = a (full) or r = the tensor's mean alpha (slim). options.search adds the residual refinement:
-// least-squares refits of the plane scales (per group when full, the single residual scale when slim) with
-// the states reassigned, kept while the error falls.
+// Per weight the nearest of the five levels of its group. full: per group of 128, levels
+// m + {0, +-sb, +-(sb + sr)} (center m in the biases): the best of a ladder of ranges about the group's
+// midrange (its full range down to about half, equal steps); options.search adds least-squares refits of m, sb
+// and sr with the states reassigned, kept while the error falls. slim: levels
+// {0, +-a, +-(a + r)}, a = alpha of the row minimizing its squared error, r = the tensor's mean alpha;
+// options.search adds alternating least-squares refits of the row alphas and the single residual scale.
 EncodedTensor encode(const Params& params, const Shape& shape, const float* weights, const EncodeOptions& options);
 
 // GPTQ's column step (codec.h): re-rounds column `col` to the nearest of the five states on the grid the stored
