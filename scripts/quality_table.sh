@@ -3,7 +3,7 @@
 # model, top-1 agreement, and the quantize command's wall time, CPU time and peak RSS, for stories260K
 # (TinyStories excerpt) and, when the demo's GGUF is cached, SmolLM2-135M (WikiText-2 test, ctx 512).
 # Calibration uses the default text (the Debian reference), never the evaluation text. Affine and offset-scale
-# presets also get a row with plain rounding (`rtn-P`, --no-calib) to compare GPTQ with.
+# presets (and fivestate) also get a row with plain rounding (`rtn-P`, --no-calib) to compare GPTQ with.
 #
 # Every row is cached as one JSON file, RESULTS/MODEL/PRESET/KEY.json, where KEY hashes what fixes the numbers:
 # the lowbit binary (SHA-256), affine2's recipe, the source model file, the evaluation text and the context. A row whose key is
@@ -43,7 +43,7 @@ cat > "$work/affine2.json" <<'JSON'
 JSON
 
 # Presets whose GPTQ row gets a plain-rounding row beside it.
-has_rtn_row() { case $1 in affine* | q*) return 0 ;; esac; return 1; }
+has_rtn_row() { case $1 in affine* | q* | fivestate) return 0 ;; esac; return 1; }
 
 sha() { sha256sum "$1" | cut -c1-64; }
 
