@@ -12,6 +12,7 @@
 #include "lowbit/core/error.h"
 #include "lowbit/core/thread_pool.h"
 #include "lowbit/kernels/cuda.h"
+#include "kernels/cuda/model_ops.h"
 #include "lowbit/model/cuda_model.h"
 #include "lowbit/model/sampler.h"
 #include "model/tiny_model.h"
@@ -176,6 +177,29 @@ TEST_F(CudaModelTest, BatchedDecodeMatchesCpuAndGraphReplayMatchesEager) {
       const std::vector<float> want(expected[b].begin() + s * c.vocab, expected[b].begin() + (s + 1) * c.vocab);
       EXPECT_LT(relative_error(row, want), 1e-4) << "step " << s << " row " << b;
     }
+  }
+}
+
+// A context long enough that the decode attention splits its positions over several blocks (the capacity of
+// 200 gives 7 splits of 29 positions; 130 positions reach 5 of them) and merges them: every step's logits
+// still match the CPU's, and each step's replayed graph gives what eager launches give.
+TEST_F(CudaModelTest, SplitAttentionOverLongContextMatchesCpu) {
+  ModelConfig c = wider_config();
+  c.max_seq = 256;
+  const auto cpu = testing::tiny_model(c, 9);
+  constexpr int kSteps = 130;
+  const auto tokens = random_tokens(kSteps, c.vocab, 21);
+  const std::vector<float> expected = run_logits(*cpu, tokens, 1, pool);
+  ASSERT_GT(kernels::cuda::attention_splits(200), 4);
+  CudaModel graph(c, lookup_of(*cpu), {.max_batch = 1, .capacity = 200, .use_graphs = true});
+  CudaModel eager(c, lookup_of(*cpu), {.max_batch = 1, .capacity = 200, .use_graphs = false});
+  const std::vector<int32_t> slot{0};
+  for (int s = 0; s < kSteps; ++s) {
+    const std::vector<int32_t> token{tokens[s]}, pos{s};
+    const std::vector<float> g = step_logits(graph, token, pos, slot), e = step_logits(eager, token, pos, slot);
+    ASSERT_EQ(g, e) << "step " << s;
+    const std::vector<float> want(expected.begin() + s * c.vocab, expected.begin() + (s + 1) * c.vocab);
+    ASSERT_LT(relative_error(g, want), 1e-4) << "step " << s;
   }
 }
 

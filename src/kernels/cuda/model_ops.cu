@@ -116,19 +116,26 @@ __global__ void qkv_prepare_kernel(QkvArgs a, KvLayer kv, const int32_t* pos, co
   store_elem(kv.values, kv.type, at, a.v[b * a.v_stride + hh * hd + d] + (a.v_bias ? a.v_bias[hh * hd + d] : 0.0f));
 }
 
-constexpr int kAttnWarps = 16;  // the position loop is latency-bound: more warps, fewer rounds
+constexpr int kAttnWarps = 8;
+constexpr int kAttnUnroll = 4;       // positions per warp whose keys and values load together
 constexpr int kMaxDimsPerLane = 8;  // head_dim <= 256
+constexpr int kPositionsPerSplit = kAttnWarps * kAttnUnroll;
 
-// One block per (head, row). Warp w takes positions w, w + kAttnWarps, ...: a warp-wide dot product per
-// position and an online softmax (running max m, sum l, weighted values acc); the warps' partial results are
-// merged at the end.
+// Grid (head, row, split): split s covers positions [s chunk, (s + 1) chunk) of 0..pos[b], chunk = the cache
+// capacity / splits, so a step's launch shape does not depend on the positions (one graph serves every step).
+// Warp w takes kAttnUnroll consecutive positions per round, all their key and value loads in flight at once:
+// dot products by warp-wide sums, then one online-softmax update (running max m, sum l, weighted values acc).
+// The block merges its warps; with several splits it stores (m, l, acc) in the scratch and the block that
+// arrives last at the (row, head) counter merges the splits in split order (deterministic) and resets it.
 __global__ void __launch_bounds__(kAttnWarps * kWarp) decode_attention_kernel(const float* q, int64_t q_stride,
                                                                               KvLayer kv, const int32_t* pos,
                                                                               const int32_t* slot, int n_heads,
-                                                                              int n_kv_heads, int hd, float* out) {
+                                                                              int n_kv_heads, int hd, int splits,
+                                                                              AttentionScratch scratch, float* out) {
   __shared__ float s_m[kAttnWarps], s_l[kAttnWarps];
   __shared__ float s_acc[kAttnWarps][kMaxDimsPerLane * kWarp];
-  const int h = blockIdx.x, b = blockIdx.y;
+  __shared__ bool s_last;
+  const int h = blockIdx.x, b = blockIdx.y, split = blockIdx.z;
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   const int kvh = h / (n_heads / n_kv_heads);
   const int64_t kv_dim = static_cast<int64_t>(n_kv_heads) * hd;
@@ -142,23 +149,42 @@ __global__ void __launch_bounds__(kAttnWarps * kWarp) decode_attention_kernel(co
     acc[i] = 0.0f;
   }
   float m = -INFINITY, l = 0.0f;
-  const int last = pos[b];
-  for (int t = warp; t <= last; t += kAttnWarps) {
-    const int64_t row = base + static_cast<int64_t>(t) * kv_dim;
-    float dot = 0.0f;
+  const int64_t chunk = (kv.capacity + splits - 1) / splits;
+  const int64_t begin = split * chunk;
+  const int64_t end = begin + chunk < pos[b] + 1 ? begin + chunk : pos[b] + 1;
+  for (int64_t t0 = begin + warp * kAttnUnroll; t0 < end; t0 += kAttnWarps * kAttnUnroll) {
+    float kr[kAttnUnroll][kMaxDimsPerLane], vr[kAttnUnroll][kMaxDimsPerLane];
 #pragma unroll
-    for (int i = 0; i < kMaxDimsPerLane; ++i) {
-      const int d = lane + kWarp * i;
-      if (d < hd) dot += qr[i] * load_elem(kv.keys, kv.type, row + d);
+    for (int u = 0; u < kAttnUnroll; ++u) {
+      const int64_t row = base + (t0 + u) * kv_dim;
+#pragma unroll
+      for (int i = 0; i < kMaxDimsPerLane; ++i) {
+        const int d = lane + kWarp * i;
+        const bool load = t0 + u < end && d < hd;
+        kr[u][i] = load ? load_elem(kv.keys, kv.type, row + d) : 0.0f;
+        vr[u][i] = load ? load_elem(kv.values, kv.type, row + d) : 0.0f;
+      }
     }
-    const float score = warp_sum(dot) / scale;
-    const float m_new = fmaxf(m, score);
-    const float corr = expf(m - m_new), p = expf(score - m_new);
-    l = l * corr + p;
+    float score[kAttnUnroll];
+    float m_new = m;
 #pragma unroll
-    for (int i = 0; i < kMaxDimsPerLane; ++i) {
-      const int d = lane + kWarp * i;
-      if (d < hd) acc[i] = acc[i] * corr + p * load_elem(kv.values, kv.type, row + d);
+    for (int u = 0; u < kAttnUnroll; ++u) {
+      float dot = 0.0f;
+#pragma unroll
+      for (int i = 0; i < kMaxDimsPerLane; ++i) dot += qr[i] * kr[u][i];
+      score[u] = t0 + u < end ? warp_sum(dot) / scale : -INFINITY;
+      m_new = fmaxf(m_new, score[u]);
+    }
+    const float corr = expf(m - m_new);  // m_new is finite: position t0 < end
+    l *= corr;
+#pragma unroll
+    for (int i = 0; i < kMaxDimsPerLane; ++i) acc[i] *= corr;
+#pragma unroll
+    for (int u = 0; u < kAttnUnroll; ++u) {
+      const float p = expf(score[u] - m_new);
+      l += p;
+#pragma unroll
+      for (int i = 0; i < kMaxDimsPerLane; ++i) acc[i] += p * vr[u][i];
     }
     m = m_new;
   }
@@ -174,12 +200,48 @@ __global__ void __launch_bounds__(kAttnWarps * kWarp) decode_attention_kernel(co
   float l_all = 0.0f;
   for (int w = 0; w < kAttnWarps; ++w)
     if (s_l[w] > 0.0f) l_all += s_l[w] * expf(s_m[w] - m_all);
+  float* o_row = out + static_cast<int64_t>(b) * n_heads * hd + h * hd;
+  const int64_t pair = static_cast<int64_t>(b) * n_heads + h;
+  float* mine = scratch.partials + (pair * splits + split) * (hd + 2);
   for (int d = threadIdx.x; d < hd; d += blockDim.x) {
     float o = 0.0f;
     for (int w = 0; w < kAttnWarps; ++w)
       if (s_l[w] > 0.0f) o += s_acc[w][d] * expf(s_m[w] - m_all);
-    out[static_cast<int64_t>(b) * n_heads * hd + h * hd + d] = o / l_all;
+    if (splits == 1) {
+      o_row[d] = o / l_all;
+    } else {
+      mine[2 + d] = o;
+    }
   }
+  if (splits == 1) return;
+  if (threadIdx.x == 0) {
+    mine[0] = m_all;
+    mine[1] = l_all;
+  }
+  __threadfence();  // this block's partial is visible before it counts itself in
+  __syncthreads();
+  if (threadIdx.x == 0) s_last = atomicAdd(scratch.counters + pair, 1u) == static_cast<unsigned>(splits - 1);
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();
+  const float* parts = scratch.partials + pair * splits * (hd + 2);
+  float m_max = -INFINITY;
+  for (int s = 0; s < splits; ++s)
+    if (__ldcg(parts + s * (hd + 2) + 1) > 0.0f) m_max = fmaxf(m_max, __ldcg(parts + s * (hd + 2)));
+  float l_sum = 0.0f;
+  for (int s = 0; s < splits; ++s) {
+    const float ls = __ldcg(parts + s * (hd + 2) + 1);
+    if (ls > 0.0f) l_sum += ls * expf(__ldcg(parts + s * (hd + 2)) - m_max);
+  }
+  for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+    float o = 0.0f;
+    for (int s = 0; s < splits; ++s) {
+      const float* ps = parts + s * (hd + 2);
+      if (__ldcg(ps + 1) > 0.0f) o += __ldcg(ps + 2 + d) * expf(__ldcg(ps) - m_max);
+    }
+    o_row[d] = o / l_sum;
+  }
+  if (threadIdx.x == 0) scratch.counters[pair] = 0u;
 }
 
 __global__ void swiglu_kernel(const float* gate, const float* up, int64_t stride, float* out, int64_t hidden,
@@ -266,12 +328,18 @@ void launch_qkv_prepare(const QkvArgs& a, const KvLayer& kv, const int32_t* pos,
   qkv_prepare_kernel<<<grid, threads, a.head_dim * sizeof(float), stream>>>(a, kv, pos, slot);
 }
 
+int attention_splits(int64_t capacity) {
+  const int64_t splits = (capacity + kPositionsPerSplit - 1) / kPositionsPerSplit;
+  return static_cast<int>(splits < 1 ? 1 : (splits > kAttentionSplits ? kAttentionSplits : splits));
+}
+
 void launch_decode_attention(const float* q, int64_t q_stride, const KvLayer& kv, const int32_t* pos,
-                             const int32_t* slot, int n_heads, int n_kv_heads, int head_dim, int batch, float* out,
-                             CUstream_st* stream) {
-  const dim3 grid(static_cast<unsigned>(n_heads), static_cast<unsigned>(batch));
+                             const int32_t* slot, int n_heads, int n_kv_heads, int head_dim, int batch,
+                             const AttentionScratch& scratch, float* out, CUstream_st* stream) {
+  const int splits = attention_splits(kv.capacity);
+  const dim3 grid(static_cast<unsigned>(n_heads), static_cast<unsigned>(batch), static_cast<unsigned>(splits));
   decode_attention_kernel<<<grid, kAttnWarps * kWarp, 0, stream>>>(q, q_stride, kv, pos, slot, n_heads, n_kv_heads,
-                                                                   head_dim, out);
+                                                                   head_dim, splits, scratch, out);
 }
 
 void launch_swiglu(const float* gate, const float* up, int64_t stride, float* out, int batch, int64_t hidden,

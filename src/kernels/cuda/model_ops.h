@@ -56,11 +56,24 @@ struct KvLayer {
 void launch_qkv_prepare(const QkvArgs& a, const KvLayer& kv, const int32_t* pos, const int32_t* slot, int batch,
                         CUstream_st* stream);
 
+// Scratch of the decode attention's split over positions: per (row, head) up to kAttentionSplits partial
+// results of head_dim + 2 floats, and one arrival counter per (row, head), zeroed once at allocation (every
+// launch leaves the counters zero).
+inline constexpr int kAttentionSplits = 32;
+struct AttentionScratch {
+  float* partials = nullptr;    // [batch * n_heads * kAttentionSplits * (head_dim + 2)]
+  uint32_t* counters = nullptr;  // [batch * n_heads]
+};
+
+// How many blocks split the positions of a cache of `capacity` (1..kAttentionSplits, fixed per capacity).
+int attention_splits(int64_t capacity);
+
 // out [batch, n_heads * head_dim]: causal GQA attention of q (as rotated above) over cache positions
-// 0..pos[b] of slot[b]; softmax of q.k / sqrt(head_dim) in f32 (online, so any context length).
+// 0..pos[b] of slot[b]; softmax of q.k / sqrt(head_dim) in f32 (online, so any context length), the positions
+// split over attention_splits(kv.capacity) blocks per (row, head) that merge through `scratch`.
 void launch_decode_attention(const float* q, int64_t q_stride, const KvLayer& kv, const int32_t* pos,
-                             const int32_t* slot, int n_heads, int n_kv_heads, int head_dim, int batch, float* out,
-                             CUstream_st* stream);
+                             const int32_t* slot, int n_heads, int n_kv_heads, int head_dim, int batch,
+                             const AttentionScratch& scratch, float* out, CUstream_st* stream);
 
 // out [batch, hidden] = silu(gate) * up, gate and up rows strided by `stride`.
 void launch_swiglu(const float* gate, const float* up, int64_t stride, float* out, int batch, int64_t hidden,

@@ -203,6 +203,7 @@ struct CudaModel::Impl {
   // Activations for o.max_batch rows: x, xb [B, dim]; qkv [B, q_dim + 2 kv_dim]; att [B, q_dim]; proj [B, dim];
   // gu [B, 2 hidden]; hb [B, hidden]; logits [B, vocab]; per-row tokens, positions, slots, argmax.
   kc::DeviceBuffer x, xb, qkv, att, proj, gu, hb, logits, tokens, pos, slot, next;
+  kc::DeviceBuffer attention_partials, attention_counters;  // the decode attention's split scratch
   cudaStream_t stream = nullptr;
   std::array<cudaGraphExec_t, kc::kMaxBatch + 1> graphs{};
   std::vector<int32_t> host_pos, host_slot;  // as last uploaded, for range checks
@@ -240,6 +241,10 @@ struct CudaModel::Impl {
     gu = rows(2 * c.hidden_dim);
     hb = rows(c.hidden_dim);
     logits = rows(c.vocab);
+    attention_partials = rows(c.n_heads * kc::kAttentionSplits * (c.head_dim + 2));
+    attention_counters = kc::DeviceBuffer(checked_mul(static_cast<uint64_t>(o.max_batch) * sizeof(uint32_t),
+                                                      static_cast<uint64_t>(c.n_heads), "[cuda_model] activations"));
+    attention_counters.fill(0);
     for (auto* b : {&tokens, &pos, &slot, &next}) {
       *b = kc::DeviceBuffer(kc::kMaxBatch * sizeof(int32_t));
       b->fill(0);
@@ -313,7 +318,7 @@ struct CudaModel::Impl {
     if (on(kPartRope)) kc::launch_qkv_prepare(a, kv(w), i(pos), i(slot), batch, stream);
     if (on(kPartAttention))
       kc::launch_decode_attention(a.q, a.q_stride, kv(w), i(pos), i(slot), a.n_heads, a.n_kv_heads, a.head_dim,
-                                  batch, f(att), stream);
+                                  batch, {f(attention_partials), attention_counters.as<uint32_t>()}, f(att), stream);
     w.wo->matmul(f(att), batch, f(proj), stream);
   }
 
