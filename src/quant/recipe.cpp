@@ -86,15 +86,22 @@ const RecipeRule& Recipe::rule_for(std::string_view tensor_name) const {
   return fallback;
 }
 
-CodecChoice Recipe::choose(std::string_view tensor_name, const Shape& shape) const {
-  if (shape.size() != 2) return dense_f32();
+std::vector<CodecChoice> Recipe::candidates(std::string_view tensor_name, const Shape& shape) const {
+  if (shape.size() != 2) return {dense_f32()};
   const RecipeRule& rule = rule_for(tensor_name);
+  std::vector<CodecChoice> out = rule.candidates;
   const auto bits = [&](const CodecChoice& c) {
     return codec::bits_per_weight(codec::codec_or_throw(c.codec, tensor_name), c.params, shape);
   };
-  if (rule.padding_fallback && bits(*rule.padding_fallback) < bits(rule.candidates.front()))
-    return *rule.padding_fallback;
-  return rule.candidates.front();
+  if (rule.padding_fallback && bits(*rule.padding_fallback) < bits(out.front())) {
+    std::erase(out, *rule.padding_fallback);
+    out.front() = *rule.padding_fallback;
+  }
+  return out;
+}
+
+CodecChoice Recipe::choose(std::string_view tensor_name, const Shape& shape) const {
+  return candidates(tensor_name, shape).front();
 }
 
 nlohmann::json Recipe::to_json() const {

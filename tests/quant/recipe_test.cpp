@@ -33,6 +33,26 @@ TEST(Recipe, FirstMatchWinsThenDefault) {
   EXPECT_EQ(again.to_json(), r.to_json());
 }
 
+// The allocator's candidates follow the padding fallback as choose() does: where the first candidate would pad
+// into more bits per weight than the fallback, the fallback takes its place (once, not also further on).
+TEST(Recipe, CandidatesPutThePaddingFallbackInPlaceOfThePaddedFirst) {
+  const json affine3 = {{"codec", "affine"}, {"params", {{"bits", 3}, {"group_size", 64}, {"scale_dtype", "bf16"}}}};
+  const json affine4 = {{"codec", "affine"}, {"params", {{"bits", 4}, {"group_size", 64}, {"scale_dtype", "bf16"}}}};
+  const json two_plane = {{"codec", "two_plane"}, {"params", {{"storage", "quint5"}, {"metadata", "full"}}}};
+  const Recipe r = Recipe::from_json(
+      {{"default", {{"candidates", {two_plane, affine4, affine3}}, {"padding_fallback", affine3}}}}, "test");
+  const auto codecs = [&](Shape shape) {
+    std::vector<std::string> out;
+    for (const CodecChoice& c : r.candidates("model.layers.0.mlp.up_proj.weight", shape))
+      out.push_back(c.codec + std::to_string(c.params.value("bits", 0)));
+    return out;
+  };
+  EXPECT_EQ(codecs({576, 1536}), (std::vector<std::string>{"two_plane0", "affine4", "affine3"}));
+  EXPECT_EQ(codecs({64, 64}), (std::vector<std::string>{"affine3", "affine4"}));
+  EXPECT_EQ(r.choose("model.layers.0.mlp.up_proj.weight", {64, 64}).codec, "affine");
+  EXPECT_EQ(r.candidates("model.norm.weight", {64}), std::vector<CodecChoice>{dense_f32()});
+}
+
 Errc rejection(const json& j) {
   try {
     Recipe::from_json(j, "bad");

@@ -39,7 +39,11 @@ struct Recipe {
 
   // The rule a tensor falls under (first match wins, else the default). `shape` decides the dense override.
   const RecipeRule& rule_for(std::string_view tensor_name) const;
-  // The codec used for a tensor when no allocator is involved.
+  // What a tensor may be stored as, the choice without an allocator first: its rule's candidates, with the
+  // padding fallback in place of the first where it applies on this shape (and not repeated further on); dense
+  // f32 for a tensor that is not a matrix. The target-bits allocator picks among these.
+  std::vector<CodecChoice> candidates(std::string_view tensor_name, const Shape& shape) const;
+  // The codec used for a tensor when no allocator is involved: the first of candidates().
   CodecChoice choose(std::string_view tensor_name, const Shape& shape) const;
 
   nlohmann::json to_json() const;
