@@ -345,10 +345,11 @@ void ArtifactWriter::set_quality(nlohmann::json quality) {
   impl_->manifest.quality = std::move(quality);
 }
 
-const Manifest& ArtifactWriter::commit() {
+const Manifest& ArtifactWriter::commit(const std::function<void(Manifest&)>& complete) {
   Impl& w = *impl_;
   if (w.committed) fail(Errc::internal, "[{}] {}: committed twice", kOp, w.dest.string());
   w.flush_shard();
+  if (complete) complete(w.manifest);
   const std::string text = w.manifest.serialize();
   Manifest::parse(text, fmt::format("{} (as written)", kManifestName));  // never publish what a reader rejects
   const fs::path path = w.staging / kManifestName;

@@ -162,8 +162,7 @@ class Quantizer {
   // where a Hessian is given, plain squared error otherwise).
   AllocationItem measure(const model::NamedTensor& t, const Hessian* h) const {
     AllocationItem item{t.name, {}, {}};
-    const std::vector<CodecChoice> candidates =
-        t.ref.shape.size() == 2 ? o_.recipe.rule_for(t.name).candidates : std::vector<CodecChoice>{dense_f32()};
+    const std::vector<CodecChoice> candidates = o_.recipe.candidates(t.name, t.ref.shape);
     const std::vector<float> w = codec::decode_all(t.ref);
     const int64_t rows = codec::matrix_dims(t.ref.shape).first;
     for (const CodecChoice& c : candidates) {
@@ -185,8 +184,10 @@ class Quantizer {
     return item;
   }
 
+  const std::vector<CodecChoice>& measured(const std::string& name) const { return candidates_.at(name); }
+
   void apply(const std::vector<AllocationItem>& items, const Allocation& a) {
-    for (size_t i = 0; i < items.size(); ++i) allocated_[items[i].name] = candidates_.at(items[i].name)[a.choice[i]];
+    for (size_t i = 0; i < items.size(); ++i) allocated_[items[i].name] = measured(items[i].name)[a.choice[i]];
   }
 
  private:
@@ -311,7 +312,15 @@ nlohmann::json allocate_bits(const QuantizeOptions& o, model::Model& model, Quan
   quantizer.apply(items, a);
   nlohmann::json out{{"target_bits_per_weight", *o.target_bpw}, {"budget_bytes", budget}, {"bytes", a.bytes},
                      {"feasible", a.feasible}, {"choices", nlohmann::json::object()}};
-  for (size_t i = 0; i < items.size(); ++i) out["choices"][items[i].name] = a.choice[i];
+  // Per tensor: the index of the chosen candidate, and every candidate measured with its bytes and loss.
+  for (size_t i = 0; i < items.size(); ++i) {
+    nlohmann::json measured = nlohmann::json::array();
+    const std::vector<CodecChoice>& choices = quantizer.measured(items[i].name);
+    for (size_t k = 0; k < choices.size(); ++k)
+      measured.push_back({{"codec", choices[k].codec}, {"params", choices[k].params}, {"bytes", items[i].bytes[k]},
+                          {"loss", items[i].loss[k]}});
+    out["choices"][items[i].name] = {{"chosen", a.choice[i]}, {"candidates", std::move(measured)}};
+  }
   return out;
 }
 
@@ -466,9 +475,18 @@ QuantizeReport quantize(const QuantizeOptions& o) {
   writer.set_provenance(prov);
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   report.peak_rss = peak_rss_bytes();
-  writer.set_quality({{"quantize", report.to_json()}});
-  const artifact::Manifest& manifest = writer.commit();
-  for (const auto& f : manifest.files) report.artifact_bytes += f.size;
+  // The stored record gives the artifact's whole size: its files and the manifest, which holds that very number
+  // (one more pass settles it should the number's digits change the manifest's length).
+  writer.commit([&](artifact::Manifest& m) {
+    uint64_t files = 0;
+    for (const auto& f : m.files) files += f.size;
+    report.artifact_bytes = files;
+    for (uint64_t stored = 0; stored != report.artifact_bytes;) {
+      stored = report.artifact_bytes;
+      m.quality = {{"quantize", report.to_json()}};
+      report.artifact_bytes = files + m.serialize().size();
+    }
+  });
   return report;
 }
 

@@ -105,6 +105,43 @@ TEST(Quantize, TargetBitsChoosesAmongCandidatesWithinBudget) {
   EXPECT_TRUE(art.manifest().quality.contains("quantize"));
 }
 
+// --target-bpw measures the candidates the padding fallback leaves: on a model whose widths (64, 40) two-plane's
+// 128-wide groups would pad, affine 3-bit replaces it, so a budget below affine 4-bit's is met.
+TEST(Quantize, TargetBitsMeasuresThePaddingFallback) {
+  TempDir tmp;
+  QuantizeOptions o;
+  o.source = write_source(tmp.path);
+  o.destination = tmp.path / "out";
+  const nlohmann::json affine3 = {{"codec", "affine"}, {"params", {{"bits", 3}, {"group_size", 64}, {"scale_dtype", "bf16"}}}};
+  const nlohmann::json affine4 = {{"codec", "affine"}, {"params", {{"bits", 4}, {"group_size", 64}, {"scale_dtype", "bf16"}}}};
+  const nlohmann::json two_plane = {{"codec", "two_plane"}, {"params", {{"storage", "quint5"}, {"metadata", "full"}}}};
+  o.recipe = Recipe::from_json({{"default", {{"candidates", {two_plane, affine4}}, {"padding_fallback", affine3}}}}, "t");
+  o.target_bpw = 4.1;
+  const QuantizeReport r = quantize(o);
+  ASSERT_TRUE(r.allocation.is_object());
+  EXPECT_TRUE(r.allocation["feasible"].get<bool>());
+  EXPECT_LE(r.bits_per_weight(), 4.1);
+  for (const auto& [name, entry] : r.allocation["choices"].items())
+    for (const auto& c : entry["candidates"]) EXPECT_NE(c["codec"], "two_plane") << name;
+  for (const auto& t : r.tensors) EXPECT_NE(t.choice.codec, "two_plane") << t.name;
+}
+
+// The quality record stored in the manifest gives the artifact's size on disk, manifest included.
+TEST(Quantize, StoredRecordHoldsTheArtifactSize) {
+  TempDir tmp;
+  QuantizeOptions o;
+  o.source = write_source(tmp.path);
+  o.destination = tmp.path / "out";
+  o.recipe = preset("affine4");
+  const QuantizeReport r = quantize(o);
+  uint64_t on_disk = 0;
+  for (const auto& e : fs::directory_iterator(o.destination)) on_disk += fs::file_size(e.path());
+  EXPECT_EQ(r.artifact_bytes, on_disk);
+  const auto art = artifact::Artifact::open(o.destination);
+  EXPECT_EQ(art.manifest().quality["quantize"]["artifact_bytes"].get<uint64_t>(), on_disk);
+  EXPECT_EQ(art.total_bytes(), on_disk);
+}
+
 TEST(Quantize, RefusesAnExistingDestinationUnlessForced) {
   TempDir tmp;
   QuantizeOptions o;

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -52,8 +53,10 @@ class ArtifactWriter {
   void set_quality(nlohmann::json quality);
 
   // Writes the last shard and the manifest, fsyncs, and publishes the directory at the destination (replacing
-  // the existing artifact atomically when forced). Returns the manifest as written.
-  const Manifest& commit();
+  // the existing artifact atomically when forced). Returns the manifest as written. `complete`, when given, runs
+  // once every data file is written and listed, before the manifest is serialized: for entries that need the
+  // files' sizes (the quality record's artifact size).
+  const Manifest& commit(const std::function<void(Manifest&)>& complete = {});
 
   const std::filesystem::path& staging_dir() const;
 
