@@ -12,11 +12,13 @@
 // each row's codes of columns 4k .. 4k + 3 of the chunk in its four bytes, in column order.
 //
 // Batch-1 matvec multiplies those bytes with the activations as integers (AVX-512 VNNI vpdpbusd: 64 weights per
-// instruction, no int-to-float conversion per weight). The activations are quantized per group to 22-bit
-// integers X = x 2^e (one exponent per group, e from the group's largest |x|), as three signed 8-bit digits
-// X = d2 2^16 + d1 2^8 + d0; per group and row the three integer dot products are combined in f32 and scaled
-// by scale 2^-e. The rounding of x (at most 2^-23 of the group's largest |x|) is below f32's own accumulation
-// error, so results match an f32 kernel to within the test's fp64 tolerance.
+// instruction, no int-to-float conversion per weight). The activations are quantized per group to 16-bit
+// integers X = round(x / f), f = (the group's largest |x|) / kLargestX, as two signed 8-bit digits
+// X = d1 2^8 + d0; per group and row the two integer dot products are combined in f32 and scaled by the
+// group's scale times f.
+// The bias term uses the same X, so the result is W x' (accumulated in f32) for x' = X f: each activation moved
+// by at most f / 2 = 2^-16 (1 + 2e-4) of its group's largest |x|, far finer than bf16 activations (2^-9 of |x|).
+// The batched path multiplies in f32 without that rounding.
 #pragma once
 
 #include <cstddef>
@@ -72,11 +74,18 @@ struct BlockMatrix {
   float weight(int64_t r, int64_t c) const;
 };
 
+// Batch-1 activation quantization: two signed digits hold |X| <= 32639; the margin of 2 absorbs f32 rounding
+// of x / f. Groups whose largest |x| is below kSmallestScaled use that as their largest (their activations
+// round to multiples of kSmallestScaled / kLargestX, about 2^-115).
+inline constexpr int kDigits = 2;
+inline constexpr float kLargestX = 32637.0f;
+inline constexpr float kSmallestScaled = 0x1p-100f;
+
 // The activations of one matvec call, quantized per group (internal to the kernels).
 struct BlockActivations {
-  int8_t* digits;  // [3, padded_cols]: digit t of column c at t padded_cols + c
-  float* factor;   // [groups] 2^-e
-  float* bias_x;   // [groups] what the bias slot multiplies: sum of x (times -offset for scale_offset)
+  int8_t* digits;  // [kDigits, padded_cols]: digit t of column c at t padded_cols + c
+  float* factor;   // [groups] f
+  float* bias_x;   // [groups] what the bias slot multiplies: sum of x' (times -offset for scale_offset)
 };
 
 // Name of the Highway target the block kernels dispatch to ("AVX3_DL", "AVX2", ...).
