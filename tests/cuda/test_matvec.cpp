@@ -162,6 +162,23 @@ TEST_F(CudaMatvec, TrellisMatchesDecodeRows) {
       }
 }
 
+// Tall trellis matrices (512 or more 16-row tiles): batch 1 runs the CUDA-core kernel (trellis_fma.cu), other
+// batches the tensor-core kernel with several tile rows per block; odd widths take the partial-chunk paths.
+TEST_F(CudaMatvec, TallTrellisMatchesDecodeRows) {
+  for (int k : {2, 3})
+    for (const char* code : {"1mad", "3inst"})
+      for (const int64_t cols : {int64_t{130}, int64_t{257}}) {
+        const int64_t rows = 8200 + 17 * k;
+        const codec::Params params{{"L", 16}, {"k", k}, {"code", code}, {"rotate", "none"}};
+        const auto t = lowbit::testing::random_tensor("trellis", params, rows, cols, rng, 0.5f);
+        for (int m : {1, 3, 16}) {
+          SCOPED_TRACE(::testing::Message() << "k " << k << " " << code << " [" << rows << ", " << cols << "], m "
+                                            << m);
+          EXPECT_LT(matmul_error(t.ref, m, rng), 1e-4);
+        }
+      }
+}
+
 // Rotated trellis tensors: activations rotated by R_in (and outputs by R_out^T) on the device, sizes with a
 // Paley small factor included.
 TEST_F(CudaMatvec, TrellisRotatedMatchesDecodeRows) {

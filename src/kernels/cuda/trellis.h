@@ -1,5 +1,6 @@
 // Launchers of the trellis decode matvec (batch 1..kMaxBatch) in its device layout (docs/CUDA.md). Plain C++
-// with no lowbit includes: trellis.cu implements the *_kernel launcher, trellis_launch.cpp the checked one.
+// with no lowbit includes: trellis.cu and trellis_fma.cu implement the *_kernel launchers, matvec.cpp the
+// checked one.
 #pragma once
 
 #include <cstdint>
@@ -44,6 +45,9 @@ void rotate(const RotationDevice& r, bool inverse, const float* in, int64_t in_l
             CUstream_st* stream);
 void launch_rotate_kernel(const RotationDevice& r, bool inverse, const float* in, int64_t in_len, int m, float* out,
                           int64_t out_len, CUstream_st* stream);
+// Batch width `batch` (batch_width in matvec.h): the tensor-core kernel, or for batch 1 on tall matrices the
+// CUDA-core one (launch_trellis_fma_kernel, one activation row).
 void launch_trellis_kernel(const TrellisDevice& w, const float* x, int m, int batch, float* y, CUstream_st* stream);
+void launch_trellis_fma_kernel(const TrellisDevice& w, const float* x, float* y, CUstream_st* stream);
 
 }  // namespace lowbit::kernels::cuda
