@@ -110,6 +110,33 @@ TEST_F(CudaMatvec, AffineMmaSplitKMatchesDecodeRows) {
     }
 }
 
+// Two-plane tensors in every storage and metadata variant (slim expands at load), through the CUDA-core kernel
+// (batches of up to 4 rows per launch, wider batches in slices), on shapes with partial row tiles and groups.
+TEST_F(CudaMatvec, TwoPlaneMatchesDecodeRows) {
+  std::uniform_int_distribution<int64_t> rows_d(1, 200), cols_d(1, 1500);
+  for (const char* storage : {"planes", "quint5", "trit3"})
+    for (const char* metadata : {"full", "slim"})
+      for (const char* dt : {"bf16", "f16", "f32"}) {
+        const int64_t rows = rows_d(rng), cols = cols_d(rng);
+        const Encoded e = encode("two_plane", {{"storage", storage}, {"metadata", metadata}, {"scale_dtype", dt}},
+                                 rows, cols, rng);
+        for (int m : {1, 2, 3, 7, 16}) {
+          SCOPED_TRACE(::testing::Message() << storage << ", " << metadata << ", " << dt << " [" << rows << ", "
+                                          << cols << "], m " << m);
+          EXPECT_LT(matmul_error(e.ref, m, rng), 2e-5);
+        }
+      }
+}
+
+// The CUDA-core kernel splits K over 16 warps when rows are long: stages past a warp's first, odd k-block counts.
+TEST_F(CudaMatvec, TwoPlaneLongRowsMatchDecodeRows) {
+  const Encoded e = encode("two_plane", {{"storage", "planes"}}, 40, 20000, rng);
+  for (int m : {1, 4}) {
+    SCOPED_TRACE(::testing::Message() << "m " << m);
+    EXPECT_LT(matmul_error(e.ref, m, rng), 2e-5);
+  }
+}
+
 // The affine form of an offset_scale tensor decodes to the same weights (host only: runs without a GPU).
 TEST(CudaPrepare, OffsetScaleAsAffineDecodesTheSame) {
   std::mt19937_64 rng(5);

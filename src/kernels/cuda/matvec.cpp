@@ -1,4 +1,6 @@
 // Checked entry points of the matvec kernels (affine, dense, trellis): the batch and layout checks the unchecked launchers rely on.
+#include <algorithm>
+
 #include "kernels/cuda/matvec.h"
 #include "kernels/cuda/trellis.h"
 
@@ -49,8 +51,26 @@ void affine_mma_matmul(const AffineMmaDevice& w, const float* x, int m, float* y
   if ((w.bits != 2 && w.bits != 4) || !group_ok || w.row_tiles % (kMmaRows / 16) != 0 || w.row_tiles * 16 < w.rows ||
       kpad < w.cols)
     fail(Errc::unsupported, "[cuda affine mma] {} bits, group {}, padded width {} has no kernel", w.bits, w.group, kpad);
-  launch_affine_mma_kernel(w, x, m, batch_width(m, w.row_tiles * 16), y, s);
+  const int batch = batch_width(m, w.row_tiles * 16);
+  if (batch == 1 && fma_group_sums_fit(kpad / w.group, 1)) {
+    launch_affine_fma_kernel(w, x, m, batch, y, s);
+  } else {
+    launch_affine_mma_kernel(w, x, m, batch, y, s);
+  }
   check_last_error("cuda affine mma matmul");
+}
+
+// Batches wider than the CUDA-core kernel's run in slices of kFmaMaxBatch rows (each reads the weights again).
+void two_plane_matmul(const TwoPlaneDevice& w, const float* x, int m, float* y, Stream s) {
+  if (w.row_tiles % (kMmaRows / 16) != 0 || w.row_tiles * 16 < w.rows || w.kblocks * 128 < w.cols ||
+      !fma_group_sums_fit(w.kblocks, kFmaMaxBatch))
+    fail(Errc::unsupported, "[cuda two_plane] padded width {} has no kernel", w.kblocks * 128);
+  batch_width(m, w.row_tiles * 16);
+  for (int i0 = 0; i0 < m; i0 += kFmaMaxBatch) {
+    const int part = std::min(m - i0, kFmaMaxBatch);
+    launch_two_plane_kernel(w, x + i0 * w.cols, part, batch_width(part, 1), y + i0 * w.rows, s);
+  }
+  check_last_error("cuda two_plane matmul");
 }
 
 void trellis_matmul(const TrellisDevice& w, const float* x, int m, float* y, Stream s) {

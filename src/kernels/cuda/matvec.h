@@ -83,17 +83,43 @@ struct AffineMmaDevice {
 };
 inline int64_t mma_kblock_cols(int bits) { return 256 / bits; }
 
+// Affine 2/4 bits run batch 1 on the CUDA cores (affine_fma.cu), reading the tensor-core layout, and wider
+// batches on the tensor cores (measured 2026-12-03 at 14336 x 4096: the CUDA-core kernel takes 18 us at batch 1
+// and 34 / 44 us at batch 2 / 4, the tensor-core kernel about 29 us at every batch up to 4). Two-plane has only
+// the CUDA-core kernel: batches of up to kFmaMaxBatch rows per launch.
+inline constexpr int kFmaMaxBatch = 4;
+// The CUDA-core kernel keeps the activations' group sums [groups][batch] in shared memory.
+inline bool fma_group_sums_fit(int64_t groups, int batch) { return groups * batch * 4 <= (40 << 10); }
+
+// Two-plane (codec two_plane, group 128): w = s_b q_b + b_b + s_r q_r + b_r, each plane's 2-bit codes in the
+// tensor-core layout of AffineMmaDevice (k-blocks of 128 columns = one group);
+//   meta: [row_tiles][kblocks][16 rows]: two u32 (base scale | base bias << 16, residual scale | residual
+//         bias << 16) of bf16 when meta_f32 is false, else four f32 words (s_b, b_b, s_r, b_r); padding zero.
+struct TwoPlaneDevice {
+  const uint32_t* base = nullptr;  // 16-byte aligned
+  const uint32_t* residual = nullptr;
+  const uint32_t* meta = nullptr;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  int64_t row_tiles = 0;  // multiple of kMmaRows / 16
+  int64_t kblocks = 0;
+  bool meta_f32 = false;
+};
+
 // y [m, rows] = x [m, cols] @ W^T, f32. Checks the batch (1 <= m <= kMaxBatch) and the layout, launches on
 // `stream`, and reports a failed launch as Errc::internal.
 void affine_matmul(const AffineDevice& w, const float* x, int m, float* y, CUstream_st* stream);
 void dense_matmul(const DenseDevice& w, const float* x, int m, float* y, CUstream_st* stream);
 void coalesced_matmul(const CoalescedDevice& w, const float* x, int m, float* y, CUstream_st* stream);
 void affine_mma_matmul(const AffineMmaDevice& w, const float* x, int m, float* y, CUstream_st* stream);
+void two_plane_matmul(const TwoPlaneDevice& w, const float* x, int m, float* y, CUstream_st* stream);
 
 // Unchecked launches (matvec.cu); `batch` is the compiled batch width >= m (1, 2, 4, 8 or 16).
 void launch_affine_kernel(const AffineDevice& w, const float* x, int m, int batch, float* y, CUstream_st* stream);
 void launch_dense_kernel(const DenseDevice& w, const float* x, int m, int batch, float* y, CUstream_st* stream);
 void launch_coalesced_kernel(const CoalescedDevice& w, const float* x, int m, int batch, float* y, CUstream_st* stream);
 void launch_affine_mma_kernel(const AffineMmaDevice& w, const float* x, int m, int batch, float* y, CUstream_st* stream);
+void launch_affine_fma_kernel(const AffineMmaDevice& w, const float* x, int m, int batch, float* y, CUstream_st* stream);
+void launch_two_plane_kernel(const TwoPlaneDevice& w, const float* x, int m, int batch, float* y, CUstream_st* stream);
 
 }  // namespace lowbit::kernels::cuda

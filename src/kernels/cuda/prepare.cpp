@@ -15,8 +15,10 @@
 #include "lowbit/codec/hadamard.h"
 #include "lowbit/codec/offset_scale.h"
 #include "lowbit/codec/trellis.h"
+#include "lowbit/codec/two_plane.h"
 #include "lowbit/core/checked.h"
 #include "lowbit/core/error.h"
+#include "lowbit/core/thread_pool.h"
 #include "lowbit/kernels/cuda.h"
 
 namespace lowbit::kernels::cuda {
@@ -87,6 +89,29 @@ MmaSlot mma_slot(int64_t row, int64_t col, int bits, int64_t kblocks) {
   const int word = bits == 4 ? step : step / 2;
   const int bit = (bits == 4 ? 4 * reg : 2 * (4 * (step % 2) + reg)) + 16 * e;
   return {((tile * kblocks + kb) * 32 + 4 * g + t) * 4 + word, bit};
+}
+
+// Codes of `bits` bits in the tensor-core layout (AffineMmaDevice), uploaded; fill_row(r, codes) writes row r's
+// codes, one per byte, into room for the padded width (kblocks whole k-blocks); the first `cols` are used and
+// padding rows and columns hold code 0. Row tiles own disjoint words, so they are packed in parallel (fill_row
+// is called from several threads).
+template <class FillRow>
+DeviceBuffer upload_mma_codes(int64_t rows, int64_t cols, int bits, int64_t row_tiles, int64_t kblocks, FillRow fill_row) {
+  const int64_t row_words = kblocks * mma_kblock_cols(bits) * bits / 32;
+  std::vector<uint32_t> staged(checked_mul(static_cast<uint64_t>(row_tiles * 16), static_cast<uint64_t>(row_words), "[prepare_cuda] codes"));
+  default_pool().parallel_for(static_cast<size_t>((rows + 15) / 16), 1, [&](size_t t0, size_t t1) {
+    std::vector<uint8_t> codes(static_cast<size_t>(kblocks * mma_kblock_cols(bits)));
+    for (int64_t r = static_cast<int64_t>(t0) * 16; r < std::min<int64_t>(rows, static_cast<int64_t>(t1) * 16); ++r) {
+      fill_row(r, codes.data());
+      for (int64_t c = 0; c < cols; ++c) {
+        const MmaSlot slot = mma_slot(r, c, bits, kblocks);
+        staged[slot.word] |= uint32_t{codes[c]} << slot.bit;
+      }
+    }
+  });
+  DeviceBuffer out(staged.size() * sizeof(uint32_t));
+  out.upload(staged.data(), out.size());
+  return out;
 }
 
 MetaType meta_type(DType t) {
@@ -202,16 +227,10 @@ class AffineLinear final : public CudaLinear {
     mw_ = {nullptr, nullptr, l.rows, l.cols, round_up(l.rows, kMmaRows) / 16, kpad / mma_kblock_cols(l.bits),
            l.bits, static_cast<int>(l.group_size), l.scale_dtype != DType::BF16};
     const TensorView& codes = t.arrays.at("codes");
-    std::vector<uint32_t> staged(checked_mul(static_cast<uint64_t>(mw_.row_tiles * 16), static_cast<uint64_t>(kpad * l.bits / 32), "[prepare_cuda] codes"));
-    for (int64_t r = 0; r < l.rows; ++r) {
+    codes_ = upload_mma_codes(l.rows, l.cols, l.bits, mw_.row_tiles, mw_.kblocks, [&](int64_t r, uint8_t* out) {
       const uint32_t* src = codes.as<uint32_t>() + r * l.words_per_row();
-      for (int64_t c = 0; c < l.cols; ++c) {
-        const MmaSlot slot = mma_slot(r, c, l.bits, mw_.kblocks);
-        staged[slot.word] |= codec::affine::read_code(src, c, l.bits) << slot.bit;
-      }
-    }
-    codes_ = DeviceBuffer(staged.size() * sizeof(uint32_t));
-    codes_.upload(staged.data(), codes_.size());
+      for (int64_t c = 0; c < l.cols; ++c) out[c] = static_cast<uint8_t>(codec::affine::read_code(src, c, l.bits));
+    });
     mw_.codes = codes_.as<const uint32_t>();
 
     // [row_tiles][kpad / group][16 rows]: a bf16 (scale, bias) pair in one u32, else two f32 words.
@@ -354,6 +373,64 @@ class TrellisLinear final : public CudaLinear {
   uint64_t bytes_ = 0;
 };
 
+// Two 2-bit planes in the tensor-core layout (TwoPlaneDevice in matvec.h); quint5/trit3 storage and slim
+// metadata are expanded to planes and per-group values here. bf16 metadata stays bf16 (slim's expansion is
+// exact in bf16: alpha, the single residual scale and their negations).
+class TwoPlaneLinear final : public CudaLinear {
+ public:
+  explicit TwoPlaneLinear(const codec::TensorRef& t) {
+    namespace tp = codec::two_plane;
+    const tp::Layout l = tp::layout(t.params, t.shape);
+    w_ = {nullptr, nullptr, nullptr, l.rows, l.cols, round_up(l.rows, kMmaRows) / 16, l.padded_cols / 128,
+          l.scale_dtype != DType::BF16};
+    // row_plane_codes writes both planes; each upload keeps one (the other goes to per-call scratch).
+    const auto padded = static_cast<size_t>(l.padded_cols);
+    base_ = upload_mma_codes(l.rows, l.cols, 2, w_.row_tiles, w_.kblocks, [&](int64_t r, uint8_t* out) {
+      std::vector<uint8_t> residual(padded);
+      tp::row_plane_codes(l, t.arrays, r, out, residual.data());
+    });
+    residual_ = upload_mma_codes(l.rows, l.cols, 2, w_.row_tiles, w_.kblocks, [&](int64_t r, uint8_t* out) {
+      std::vector<uint8_t> base(padded);
+      tp::row_plane_codes(l, t.arrays, r, base.data(), out);
+    });
+    w_.base = base_.as<const uint32_t>();
+    w_.residual = residual_.as<const uint32_t>();
+
+    const tp::ExpandedMetadata e = tp::expand_metadata(l, t.arrays);
+    const int64_t groups = l.groups_per_row();
+    const int words = w_.meta_f32 ? 4 : 2;
+    std::vector<uint32_t> meta(checked_mul(static_cast<uint64_t>(w_.row_tiles * 16 * groups), words, "[prepare_cuda] meta"));
+    auto bf16_pair = [](float scale, float bias) {
+      return uint32_t{f32_to_bf16(scale)} | uint32_t{f32_to_bf16(bias)} << 16;
+    };
+    for (int64_t r = 0; r < l.rows; ++r)
+      for (int64_t gi = 0; gi < groups; ++gi) {
+        const size_t src = static_cast<size_t>(r * groups + gi);
+        uint32_t* dst = meta.data() + (((r / 16) * groups + gi) * 16 + r % 16) * words;
+        if (w_.meta_f32) {
+          const float v[4] = {e.base_scales[src], e.base_biases[src], e.residual_scales[src], e.residual_biases[src]};
+          std::memcpy(dst, v, sizeof(v));
+        } else {
+          dst[0] = bf16_pair(e.base_scales[src], e.base_biases[src]);
+          dst[1] = bf16_pair(e.residual_scales[src], e.residual_biases[src]);
+        }
+      }
+    meta_ = DeviceBuffer(meta.size() * sizeof(uint32_t));
+    meta_.upload(meta.data(), meta_.size());
+    w_.meta = meta_.as<const uint32_t>();
+    for (const auto& [name, view] : t.arrays.items) bytes_ += view.bytes.size();
+  }
+  int64_t rows() const override { return w_.rows; }
+  int64_t cols() const override { return w_.cols; }
+  void matmul(const float* x, int m, float* y, Stream s) const override { two_plane_matmul(w_, x, m, y, s); }
+  uint64_t weight_bytes() const override { return bytes_; }
+
+ private:
+  TwoPlaneDevice w_;
+  DeviceBuffer base_, residual_, meta_;
+  uint64_t bytes_ = 0;
+};
+
 std::unique_ptr<CudaLinear> prepare_offset_scale(const codec::TensorRef& t) {
   const codec::EncodedTensor affine = offset_scale_as_affine(t);
   const codec::TensorRef ref{&codec::codec_or_throw("affine", "prepare_cuda"), affine.params, t.shape, affine.views()};
@@ -377,6 +454,7 @@ constexpr std::array kCudaKernels{
     CudaKernelEntry{"affine", make<AffineLinear>},
     CudaKernelEntry{"offset_scale", prepare_offset_scale},
     CudaKernelEntry{"trellis", make<TrellisLinear>},
+    CudaKernelEntry{"two_plane", make<TwoPlaneLinear>},
 };
 
 }  // namespace
