@@ -2,8 +2,8 @@
 // same process. Every timing replays a CUDA graph of `kLaunches` launches that rotate over enough weight copies
 // to exceed L2 (so each launch streams from HBM), and reports the median over replays.
 // Effective GB/s counts the bytes the artifact stores for the weight (codes + scales + biases).
-// Usage: bench_cuda [--json FILE] [--quick] [--filter SUBSTR]  (only codecs whose name contains SUBSTR; cuBLAS
-// always runs)
+// Usage: bench_cuda [--json FILE] [--quick] [--filter SUBSTR] [--shapes NxK,...]  (only codecs whose name
+// contains SUBSTR, cuBLAS always runs; --shapes: only those shapes, every batch for the codecs)
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <fmt/format.h>
@@ -154,10 +154,12 @@ int main(int argc, char** argv) {
   std::string json_path;
   std::string filter;
   bool quick = false;
+  std::string shape_list;  // --shapes NxK[,NxK...]: every selected codec at every batch there, cuBLAS at batch 1
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
     else if (!std::strcmp(argv[i], "--filter") && i + 1 < argc) filter = argv[++i];
     else if (!std::strcmp(argv[i], "--quick")) quick = true;
+    else if (!std::strcmp(argv[i], "--shapes") && i + 1 < argc) shape_list = argv[++i];
   }
   std::string why;
   if (!lc::device_available(&why)) {
@@ -167,7 +169,7 @@ int main(int argc, char** argv) {
   try {
     std::fprintf(stderr, "bench_cuda: %s\n", lc::device_summary().c_str());
     std::mt19937_64 rng(7);
-    const std::vector<std::pair<int64_t, int64_t>> shapes =
+    std::vector<std::pair<int64_t, int64_t>> shapes =
         quick ? std::vector<std::pair<int64_t, int64_t>>{{4096, 4096}}
               : std::vector<std::pair<int64_t, int64_t>>{{4096, 4096},  {14336, 4096}, {4096, 14336},
                                                          {28672, 8192}, {8192, 28672}, {128256, 4096}};
@@ -182,7 +184,8 @@ int main(int argc, char** argv) {
     const std::vector<Case> cases = {{"dense_bf16", "dense", {{"dtype", "bf16"}}},
                                      aff(4, 128), aff(8, 128), aff(4, 64), aff(3, 64), aff(2, 64),
                                      trellis(2, "1mad"), trellis(3, "1mad"), trellis(2, "3inst"),
-                                     {"offset_q4", "offset_scale", {{"precision", "q4"}}}};
+                                     {"offset_q4", "offset_scale", {{"precision", "q4"}}},
+                                     {"two_plane", "two_plane", {{"storage", "planes"}}}};
     std::vector<Row> rows;
     auto add = [&](const Row& r) {
       rows.push_back(r);
@@ -204,9 +207,28 @@ int main(int argc, char** argv) {
     // batching pays (dense bf16, affine4 g128, affine2 g64, trellis2 1MAD).
     const std::vector<int> batches = quick ? std::vector<int>{1, 2, 16} : std::vector<int>{1, 2, 4, 8, 16};
     const auto batch_shapes = quick ? shapes : std::vector<std::pair<int64_t, int64_t>>{{14336, 4096}, {8192, 28672}};
+    if (!shape_list.empty()) {
+      shapes.clear();
+      for (const char* p = shape_list.c_str(); *p;) {
+        long long n = 0, k = 0;
+        int used = 0;
+        if (std::sscanf(p, "%lldx%lld%n", &n, &k, &used) != 2 || n < 1 || k < 1)
+          lowbit::fail(lowbit::Errc::usage, "[bench_cuda] --shapes: '{}' is not NxK[,NxK...]", shape_list);
+        shapes.emplace_back(n, k);
+        p += used;
+        if (*p == ',') ++p;
+      }
+      for (const auto& [n, k] : shapes) {
+        add(bench_cublas(n, k, 1, rng));
+        for (const Case& c : cases)
+          if (selected(c))
+            for (const Row& r : bench_codec(c, n, k, batches, rng)) add(r);
+      }
+      return 0;
+    }
     for (const auto& [n, k] : batch_shapes) {
       for (int m : batches) add(bench_cublas(n, k, m, rng));
-      for (const int c : {0, 1, 5, 6})
+      for (const int c : {0, 1, 5, 6, 10})
         if (selected(cases[c]))
           for (const Row& r : bench_codec(cases[c], n, k, batches, rng)) add(r);
     }
