@@ -225,7 +225,8 @@ nlohmann::json fold_checked(std::unique_ptr<model::Model>& model, const std::opt
     }
   } else {  // no text: a fixed pseudo-random token sequence exercises the same arithmetic
     std::vector<int32_t> w;
-    for (int64_t i = 0; i < 256; ++i) w.push_back(static_cast<int32_t>((i * 7919 + 17) % model->config.vocab));
+    for (int64_t i = 0; i < std::min<int64_t>(256, model->config.max_seq); ++i)
+      w.push_back(static_cast<int32_t>((i * 7919 + 17) % model->config.vocab));
     windows.push_back(w);
   }
   const double kld = mean_kld(*model, *folded.model, windows);

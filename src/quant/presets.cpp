@@ -49,9 +49,9 @@ const std::map<std::string, std::function<Recipe()>, std::less<>>& presets() {
       {"q4", [] { return linears_with_head("q4", affine(6), {offset_scale("q4"), offset_scale("q3_full8")}); }},
       {"q3", [] { return linears_with_head("q3", affine(6), {offset_scale("q3_full8"), offset_scale("q4")}); }},
       {"fivestate", [] { return fivestate(); }},
-      {"trellis2", [] { return linears_with_head("trellis2", affine(4), {trellis(2), trellis(3)}, true); }},
-      {"trellis3", [] { return linears_with_head("trellis3", affine(5), {trellis(3), trellis(2), trellis(4)}, true); }},
-      {"trellis4", [] { return linears_with_head("trellis4", affine(6), {trellis(4), trellis(3)}, true); }},
+      {"trellis2", [] { return linears_with_head("trellis2", affine(4), {trellis(2), trellis(3)}); }},
+      {"trellis3", [] { return linears_with_head("trellis3", affine(5), {trellis(3), trellis(2), trellis(4)}); }},
+      {"trellis4", [] { return linears_with_head("trellis4", affine(6), {trellis(4), trellis(3)}); }},
   };
   return table;
 }
