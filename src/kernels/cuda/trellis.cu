@@ -170,7 +170,8 @@ __global__ void __launch_bounds__(kThreads, NT == 4 ? 1 : 2)
   for (int i = 0; i < n; ++i) {
     __syncwarp();  // every lane is done with the stage the next copy overwrites
     if (i + kStages - 1 < n && copier)
-      cp_async16(ring + write_stage * kChunkWords + 4 * lane, src + static_cast<int64_t>(i + kStages - 1) * kChunkWords);
+      cp_async16(ring + write_stage * kChunkWords + 4 * lane,
+                 src + static_cast<int64_t>(i + kStages - 1) * kChunkWords);
     cp_async_commit();
     write_stage = write_stage + 1 == kStages ? 0 : write_stage + 1;
     cp_async_wait<kStages - 1>();
