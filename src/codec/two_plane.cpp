@@ -180,9 +180,11 @@ bool refit_group(const Encoding& enc, const Source& src, int64_t r, int64_t c0, 
   return true;
 }
 
-// Full metadata, one group of row r: the best of a ladder of ranges about the weights' midrange (the full range
-// down to about half of it, equal steps, the outer levels at the range's ends); `search` adds least-squares
-// refits of the center and both steps with the states reassigned, kept while the error falls.
+// Full metadata, one group of row r: center the weights' midrange, outer levels at their min and max (so no weight
+// is clipped: a few large weights, which matter to the model beyond their share of the squared error, stay
+// exact), inner step the best of a ladder from half the range down. `search` (importance-weighted, so it may
+// clip where the importance says the large weights matter little) also tries equal steps over narrower ranges,
+// then least-squares refits of the center and both steps with the states reassigned, kept while the error falls.
 void encode_group(Encoding& enc, const Source& src, int64_t r, int64_t c0, int64_t c1, bool search) {
   const float* w = src.weights + r * src.cols;
   float lo = w[c0], hi = w[c0];
@@ -193,12 +195,20 @@ void encode_group(Encoding& enc, const Source& src, int64_t r, int64_t c0, int64
   m = centered(dtype, mid, half / 2, half / 2);
   double e = enc.assign(src, r, c0, c1);
   GroupMetadata best = m;
-  constexpr int kLadder = 16;
-  for (int k = 1; k < kLadder; ++k) {
-    const double step = half * (1.0 - k / (2.0 * kLadder)) / 2;
-    m = centered(dtype, mid, step, step);
+  const auto consider = [&](double sb, double sr) {
+    m = centered(dtype, mid, sb, sr);
     const double ek = enc.assign(src, r, c0, c1);
     if (ek < e) e = ek, best = m;
+  };
+  constexpr int kLadder = 16;
+  for (int k = 1; k < kLadder; ++k) {
+    const double inner = half * (0.5 - 0.45 * k / (kLadder - 1));
+    consider(inner, half - inner);
+  }
+  // The search may also clip: equal steps over ranges from the full one down to about half of it.
+  for (int k = 1; search && k < kLadder; ++k) {
+    const double step = half * (1.0 - k / (2.0 * kLadder)) / 2;
+    consider(step, step);
   }
   m = best;
   enc.assign(src, r, c0, c1);

@@ -172,19 +172,22 @@ TEST(TwoPlane, EncodeErrorBoundsAndRefinement) {
       const auto e = tp::encode(params("planes", metadata, "f32"), shape, w.data(), {});
       const auto d = decode_all(ref(e, shape));
       const double basic = squared_error(d, w);
-      // five uniform levels on a Gaussian: relative error about 0.08 (0.12 allows a slim residual scale)
-      EXPECT_LT(basic / energy, 0.12) << metadata << " cols " << cols;
+      // full keeps each group's extremes as its outer levels (below); five levels with the outer ones at the
+      // extremes of 128 Gaussian samples (about 2.6 sigma) give about 0.117; slim's five uniform levels per row
+      // about 0.08, its mean residual scale a little more
+      EXPECT_LT(basic / energy, 0.13) << metadata << " cols " << cols;
       if (std::string(metadata) == "full") {
-        // Equal steps about each group's center: a weight between the outer levels is within half a step of its
-        // level.
-        const auto m = tp::expand_metadata(tp::layout(e.params, shape), e.views());
+        // Plain rounding never clips: each group's smallest and largest weights are its outer levels.
         for (int64_t r = 0; r < 6; ++r)
-          for (int64_t c = 0; c < cols; ++c) {
-            const auto i = static_cast<size_t>(r * ((cols + 127) / 128) + c / 128);
-            const float step = m.base_scales[i], center = (step + m.base_biases[i]) + (step + m.residual_biases[i]);
-            ASSERT_EQ(m.residual_scales[i], step);
-            const float x = w[static_cast<size_t>(r * cols + c)], y = d[static_cast<size_t>(r * cols + c)];
-            if (std::fabs(x - center) <= 2.0f * step) EXPECT_LE(std::fabs(x - y), 0.5f * step * 1.0001f);
+          for (int64_t c0 = 0; c0 < cols; c0 += 128) {
+            size_t lo = static_cast<size_t>(r * cols + c0), hi = lo;
+            for (int64_t c = c0; c < std::min(cols, c0 + 128); ++c) {
+              const auto i = static_cast<size_t>(r * cols + c);
+              if (w[i] < w[lo]) lo = i;
+              if (w[i] > w[hi]) hi = i;
+            }
+            EXPECT_NEAR(d[lo], w[lo], 1e-6f) << "row " << r << " group " << c0 / 128;
+            EXPECT_NEAR(d[hi], w[hi], 1e-6f) << "row " << r << " group " << c0 / 128;
           }
       }
       EncodeOptions refine;
@@ -197,8 +200,9 @@ TEST(TwoPlane, EncodeErrorBoundsAndRefinement) {
 
 // Full metadata is a five-level grid per group of 128 with its own center and steps, so groups of very different
 // scales and offsets in one row cost no more than each alone: the error relative to each group's variance stays
-// near that of the best five-level quantizer of a Gaussian (0.0822 with equal steps, 0.0799 with two; four
-// levels, 2-bit affine, give 0.119). One alpha per row, or levels symmetric about 0, would fail this by far.
+// near that of the best five-level quantizer of a Gaussian: 0.117 with the outer levels at the extremes of 128
+// samples (plain rounding), 0.0799 with both steps free (the search); four uniform levels, 2-bit affine at its
+// best, give 0.119. One alpha per row, or levels symmetric about 0, would fail this by far.
 TEST(TwoPlane, FullMetadataFitsEachGroupsScaleAndOffset) {
   constexpr int64_t kRows = 32, kGroups = 5, kCols = kGroups * 128 - 64;  // the last group half padded
   std::mt19937_64 rng(11);
@@ -220,7 +224,7 @@ TEST(TwoPlane, FullMetadataFitsEachGroupsScaleAndOffset) {
           err += std::pow(static_cast<double>(w[i]) - d[i], 2);
           var += std::pow(static_cast<double>(w[i]) - mean[g], 2);
         }
-      EXPECT_LT(err / var, search ? 0.08 : 0.09) << "group " << g << (search ? " with search" : "");
+      EXPECT_LT(err / var, search ? 0.08 : 0.125) << "group " << g << (search ? " with search" : "");
     }
   }
 }

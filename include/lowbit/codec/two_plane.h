@@ -87,9 +87,9 @@ void check_content(const Params& params, const Shape& shape, const ArrayViews& a
 void decode_rows(const Params& params, const Shape& shape, const ArrayViews& arrays, int64_t row_begin,
                  int64_t row_end, float* out);
 // Per weight the nearest of the five levels of its group. full: per group of 128, levels
-// m + {0, +-sb, +-(sb + sr)} (center m in the biases): the best of a ladder of ranges about the group's
-// midrange (its full range down to about half, equal steps); options.search adds least-squares refits of m, sb
-// and sr with the states reassigned, kept while the error falls. slim: levels
+// m + {0, +-sb, +-(sb + sr)} (center m in the biases): m the group's midrange, the outer levels at its min and
+// max, sb the best of a ladder; options.search adds least-squares refits of m, sb and sr with the states
+// reassigned, kept while the error falls. slim: levels
 // {0, +-a, +-(a + r)}, a = alpha of the row minimizing its squared error, r = the tensor's mean alpha;
 // options.search adds alternating least-squares refits of the row alphas and the single residual scale.
 EncodedTensor encode(const Params& params, const Shape& shape, const float* weights, const EncodeOptions& options);
