@@ -67,24 +67,26 @@ bool cholesky_lower(std::vector<double>& a, int64_t n) {
 }
 
 void invert_lower(std::vector<double>& l, int64_t n) {
-  // Row i of X = L^-1 is (e_i - sum_{k<i} L[i,k] X[k,:]) / L[i,i]; each thread owns a slice of columns, where
-  // that is a sequence of contiguous axpys (X[k, c] is zero for c > k).
+  // Column c of X = L^-1 solves L x = e_c by forward substitution, x[i] = (e_c[i] - L[i, c:i] . x[c:i]) / L[i, i]
+  // for i >= c. Columns are independent: threads take blocks of them, and each row of L, read once per block
+  // while it is in L1, serves the block's columns (L itself is larger than the caches; reading it once per column
+  // made this memory-bound). Each step is a dot product over contiguous memory.
+  constexpr int64_t kBlock = 16;
   std::vector<double> x(static_cast<size_t>(n * n), 0.0);
-  default_pool().parallel_for(static_cast<size_t>(n), 16, [&](size_t c0s, size_t c1s) {
-    const auto c0 = static_cast<int64_t>(c0s), c1 = static_cast<int64_t>(c1s);
-    for (int64_t i = c0; i < n; ++i) {
-      double* xi = x.data() + i * n;
-      const double* li = l.data() + i * n;
-      if (i < c1) xi[i] = 1.0;
-      for (int64_t k = c0; k < i; ++k) {
-        const double f = li[k];
-        if (f == 0) continue;
-        const double* xk = x.data() + k * n;
-        const int64_t end = std::min(c1, k + 1);
-        for (int64_t c = c0; c < end; ++c) xi[c] -= f * xk[c];
+  const auto blocks = static_cast<size_t>((n + kBlock - 1) / kBlock);
+  default_pool().parallel_for(blocks, 1, [&](size_t b0, size_t b1) {
+    std::vector<double> cols(static_cast<size_t>(kBlock * n));  // the block's columns, each contiguous
+    for (auto b = static_cast<int64_t>(b0); b < static_cast<int64_t>(b1); ++b) {
+      const int64_t c0 = b * kBlock, c1 = std::min(n, c0 + kBlock);
+      for (int64_t i = c0; i < n; ++i) {
+        const double* li = l.data() + i * n;
+        for (int64_t c = c0; c < std::min(c1, i + 1); ++c) {
+          double* col = cols.data() + (c - c0) * n;
+          col[i] = ((i == c ? 1.0 : 0.0) - dot(li + c, col + c, i - c)) / li[i];
+        }
       }
-      const double inv = 1.0 / li[i];
-      for (int64_t c = c0; c < std::min(c1, i + 1); ++c) xi[c] *= inv;
+      for (int64_t c = c0; c < c1; ++c)
+        for (int64_t i = c; i < n; ++i) x[i * n + c] = cols[(c - c0) * n + i];
     }
   });
   l = std::move(x);
