@@ -59,16 +59,23 @@ float digit_value(const GroupMetadata& m, uint8_t d) {
          (m.residual_scale * static_cast<float>(kStateResidual[d]) + m.residual_bias);
 }
 
-// The digit whose decoded value is nearest to w under metadata m, state 0 on ties; sets `value`.
-uint8_t nearest_digit(float w, const GroupMetadata& m, float& value) {
-  uint8_t best = kZeroDigit;
-  value = digit_value(m, kZeroDigit);
-  for (uint8_t d = 0; d < 5; ++d) {
-    const float v = digit_value(m, d);
-    if (std::fabs(w - v) < std::fabs(w - value)) best = d, value = v;
+// The five decoded values of a group, by digit.
+struct Levels {
+  float v[5];
+  explicit Levels(const GroupMetadata& m) {
+    for (uint8_t d = 0; d < 5; ++d) v[d] = digit_value(m, d);
   }
-  return best;
-}
+  // The digit whose value is nearest to w, state 0 on ties; sets `value`.
+  uint8_t nearest(float w, float& value) const {
+    uint8_t best = kZeroDigit;
+    value = v[kZeroDigit];
+    for (uint8_t d = 0; d < 5; ++d)
+      if (std::fabs(w - v[d]) < std::fabs(w - value)) best = d, value = v[d];
+    return best;
+  }
+};
+
+uint8_t nearest_digit(float w, const GroupMetadata& m, float& value) { return Levels(m).nearest(w, value); }
 
 // Levels center + {-(sb + sr), -sb, 0, sb, sb + sr} as stored metadata: residual bias -sr, base bias center - sb
 // (center 0 gives the biases = -scale of slim metadata and of a symmetric group).
@@ -96,12 +103,12 @@ struct Encoding {
 
   // Reassigns the states of columns [c0, c1) of row r (all in one group) and returns their squared error.
   double assign(const Source& src, int64_t r, int64_t c0, int64_t c1) {
-    const GroupMetadata& m = grid(r, c0);
+    const Levels levels(grid(r, c0));
     double e = 0.0;
     for (int64_t c = c0; c < c1; ++c) {
       const float w = src.weights[r * src.cols + c];
       float v;
-      states[r * l.cols + c] = static_cast<int8_t>(nearest_digit(w, m, v) - kZeroDigit);
+      states[r * l.cols + c] = static_cast<int8_t>(levels.nearest(w, v) - kZeroDigit);
       const double d = w - v;
       e += src.weight(c) * d * d;
     }
