@@ -16,6 +16,7 @@
 #   QUALITY_FORCE=1           recompute rows even when this key has them
 #   QUALITY_RESULTS=DIR       the row cache (default .cache/lowbit/quality)
 #   QUALITY_OUT=FILE          where the table goes (default docs/QUALITY.md; "-" = no table, only the rows)
+#   QUALITY_COMMIT=C          the commit LOWBIT was built from, for the rows' labels (default: HEAD)
 #   QUALITY_SMOL_BYTES=N      bytes of WikiText-2 scored for SmolLM2 (default 12000; 0 = the whole file)
 #   QUALITY_SMOL_PRESETS="P ..."  SmolLM2's presets when they differ from stories260K's
 #   QUALITY_SKIP_SMOL=1   stories260K only;  QUALITY_SKIP_STORIES=1  SmolLM2 only
@@ -147,9 +148,10 @@ command -v jq >/dev/null || { echo "quality_table.sh needs jq (apt-get install j
 [ -x /usr/bin/time ] || { echo "quality_table.sh needs /usr/bin/time (apt-get install time)" >&2; exit 2; }
 [ -x "$lowbit" ] || { echo "quality_table.sh: no lowbit binary at $lowbit (set LOWBIT)" >&2; exit 2; }
 binary_sha=$(sha "$lowbit")
-# The commit the binary was most likely built from; "+" when src/, include/ or the build files had local changes.
-commit=$(git rev-parse --short HEAD)
-[ -z "$(git status --porcelain -- src include CMakeLists.txt cmake)" ] || commit+="+"
+# The commit the binary was built from: QUALITY_COMMIT when given (a binary copied aside while the tree moves on),
+# else HEAD, "+" when src/, include/ or the build files have local changes.
+commit=${QUALITY_COMMIT:-$(git rev-parse --short HEAD)}
+[ -n "${QUALITY_COMMIT:-}" ] || [ -z "$(git status --porcelain -- src include CMakeLists.txt cmake)" ] || commit+="+"
 
 s=$shared/models/stories260K
 models=()
