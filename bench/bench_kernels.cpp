@@ -113,9 +113,16 @@ Copies make_copies(const lowbit::codec::Codec& codec, const Params& params, int6
   uint64_t bytes = 0;
   for (const auto& [role, buffer] : c.tensors[0].arrays) bytes += buffer.bytes.size();
   const size_t copies = std::max<size_t>(1, (working_set_bytes() + bytes - 1) / bytes);
-  for (size_t i = 1; i < copies; ++i) c.tensors.push_back(c.tensors[0]);
-  for (const auto& t : c.tensors)
+  const auto prepare = [&](const lowbit::codec::EncodedTensor& t) {
     c.kernels.push_back(lowbit::kernels::prepare_cpu({&codec, t.params, {rows, cols}, t.views()}));
+  };
+  prepare(c.tensors[0]);
+  // A kernel that reads its own prepared copy needs no copy of the stored arrays to be distinct.
+  const bool own_copy = !c.kernels[0]->reads_stored_arrays();
+  for (size_t i = 1; i < copies; ++i) {
+    if (!own_copy) c.tensors.push_back(c.tensors[0]);
+    prepare(c.tensors.back());
+  }
   return c;
 }
 
