@@ -137,6 +137,7 @@ class Quantizer {
       GptqOptions go;
       go.encode = eo;
       const bool trellis = choice.codec == "trellis";
+      if (trellis) go.damp = kBlockLdlqDamp;
       RoundingResult rr = trellis ? block_ldlq_quantize(choice.params, t.ref.shape, w.data(), *h, go)
                                   : gptq_quantize(codec, choice.params, t.ref.shape, w.data(), *h, go);
       r.method = rr.guard_tripped ? "rtn" : (trellis ? "block_ldlq" : "gptq");
