@@ -257,7 +257,8 @@ TEST(Kernels, BlockMatvecActivationRoundingStaysWithinItsBound) {
   kernel->matmul(x.data(), 1, y.data(), pool);
   for (int64_t r = 0; r < rows; ++r) {
     EXPECT_LE(std::abs(y[r] - exact), bound) << "row " << r;
-    EXPECT_GT(std::abs(y[r] - exact), 0.9 * 255.0 * (cols - 1) * 0.49 * step) << "row " << r << ": the construction no longer nears the bound (a finer kernel? tighten kActivationRounding)";
+    EXPECT_GT(std::abs(y[r] - exact), 0.9 * 255.0 * (cols - 1) * 0.49 * step)
+        << "row " << r << ": the construction no longer nears the bound (a finer kernel? tighten kActivationRounding)";
   }
 }
 
