@@ -2,8 +2,9 @@
 // same process. Every timing replays a CUDA graph of `kLaunches` launches that rotate over enough weight copies
 // to exceed L2 (so each launch streams from HBM), and reports the median over replays.
 // Effective GB/s counts the bytes the artifact stores for the weight (codes + scales + biases).
-// Usage: bench_cuda [--json FILE] [--quick] [--filter SUBSTR] [--shapes NxK,...]  (only codecs whose name
-// contains SUBSTR, cuBLAS always runs; --shapes: only those shapes, every batch for the codecs)
+// Usage: bench_cuda [--json FILE] [--quick] [--filter SUBSTR] [--shapes NxK,...] [--batches M,...]  (only codecs
+// whose name contains SUBSTR, cuBLAS always runs; --shapes: only those shapes, every batch for the codecs;
+// --batches: those batch sizes instead of 1, 2, 4, 8, 16)
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <fmt/format.h>
@@ -155,11 +156,13 @@ int main(int argc, char** argv) {
   std::string filter;
   bool quick = false;
   std::string shape_list;  // --shapes NxK[,NxK...]: every selected codec at every batch there, cuBLAS at batch 1
+  std::string batch_list;  // --batches M[,M...]
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
     else if (!std::strcmp(argv[i], "--filter") && i + 1 < argc) filter = argv[++i];
     else if (!std::strcmp(argv[i], "--quick")) quick = true;
     else if (!std::strcmp(argv[i], "--shapes") && i + 1 < argc) shape_list = argv[++i];
+    else if (!std::strcmp(argv[i], "--batches") && i + 1 < argc) batch_list = argv[++i];
   }
   std::string why;
   if (!lc::device_available(&why)) {
@@ -185,7 +188,8 @@ int main(int argc, char** argv) {
                                      aff(4, 128), aff(8, 128), aff(4, 64), aff(3, 64), aff(2, 64),
                                      trellis(2, "1mad"), trellis(3, "1mad"), trellis(2, "3inst"),
                                      {"offset_q4", "offset_scale", {{"precision", "q4"}}},
-                                     {"two_plane", "two_plane", {{"storage", "planes"}}}};
+                                     {"two_plane", "two_plane", {{"storage", "planes"}}},
+                                     trellis(3, "3inst"), {"offset_q3", "offset_scale", {{"precision", "q3"}}}};
     std::vector<Row> rows;
     auto add = [&](const Row& r) {
       rows.push_back(r);
@@ -205,7 +209,19 @@ int main(int argc, char** argv) {
     };
     // Small batches first (a time limit cuts the end): time per call relative to batch 1 decides how well
     // batching pays (dense bf16, affine4 g128, affine2 g64, trellis2 1MAD).
-    const std::vector<int> batches = quick ? std::vector<int>{1, 2, 16} : std::vector<int>{1, 2, 4, 8, 16};
+    std::vector<int> batches = quick ? std::vector<int>{1, 2, 16} : std::vector<int>{1, 2, 4, 8, 16};
+    if (!batch_list.empty()) {
+      batches.clear();
+      for (const char* p = batch_list.c_str(); *p;) {
+        int m = 0, used = 0;
+        if (std::sscanf(p, "%d%n", &m, &used) != 1 || m < 1 || m > 16)
+          lowbit::fail(lowbit::Errc::usage, "[bench_cuda] --batches: '{}' is not M[,M...] with 1 <= M <= 16",
+                       batch_list);
+        batches.push_back(m);
+        p += used;
+        if (*p == ',') ++p;
+      }
+    }
     const auto batch_shapes = quick ? shapes : std::vector<std::pair<int64_t, int64_t>>{{14336, 4096}, {8192, 28672}};
     if (!shape_list.empty()) {
       shapes.clear();
