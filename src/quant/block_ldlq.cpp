@@ -57,7 +57,10 @@ RoundingResult block_ldlq_quantize(const codec::Params& params, const Shape& sha
   const std::vector<float> rtn_q = codec::decode_all({&codec, result.tensor.params, shape, result.tensor.views()});
   result.rtn_loss = result.loss = hessian_loss(original, rtn_q, rows, h);
   const codec::trellis::Layout lay = codec::trellis::parse_layout(result.tensor.params, shape);
-  if (lay.rotate_output) return result;  // the feedback runs over inputs only; plain coding stays
+  if (lay.rotate_output) {  // the feedback runs over inputs only; plain coding stays
+    result.hessian_aware = false;
+    return result;
+  }
 
   // W' [pr, pc] and H' [pc, pc] in the stored (rotated, padded) domain.
   const int64_t pr = lay.padded_rows, pc = lay.padded_cols;

@@ -140,7 +140,7 @@ class Quantizer {
       if (trellis) go.damp = kBlockLdlqDamp;
       RoundingResult rr = trellis ? block_ldlq_quantize(choice.params, t.ref.shape, w.data(), *h, go)
                                   : gptq_quantize(codec, choice.params, t.ref.shape, w.data(), *h, go);
-      r.method = rr.guard_tripped ? "rtn" : (trellis ? "block_ldlq" : "gptq");
+      r.method = rr.guard_tripped || !rr.hessian_aware ? "rtn" : (trellis ? "block_ldlq" : "gptq");
       r.loss = rr.loss;
       r.rtn_loss = rr.rtn_loss;
       r.guard_tripped = rr.guard_tripped;

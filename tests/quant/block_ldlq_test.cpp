@@ -51,5 +51,27 @@ TEST(BlockLdlq, PipelineDampingHoldsOnHeldOutInputs) {
   EXPECT_LT(damped, 0.9 * weak) << "damped " << damped << ", weak " << weak << ", plain " << plain;
 }
 
+// With the output side rotated too there is no column feedback to run: the result must say it is plain coding
+// (the pipeline then reports "rtn"), not pass it off as BlockLDLQ.
+TEST(BlockLdlq, OutputRotationIsReportedAsPlainCoding) {
+  const int64_t rows = 32, cols = 64;
+  std::mt19937_64 rng(7);
+  std::normal_distribution<float> n01;
+  std::vector<float> w(static_cast<size_t>(rows * cols)), mix(static_cast<size_t>(cols * cols));
+  for (auto& v : w) v = n01(rng);
+  for (auto& v : mix) v = n01(rng);
+  const Hessian h = sample_hessian(mix, cols, 256, 3);
+  GptqOptions o;
+  o.damp = kBlockLdlqDamp;
+  const RoundingResult both = block_ldlq_quantize(
+      codec::Params{{"L", 8}, {"k", 2}, {"code", "3inst"}, {"rotate", "both"}}, Shape{rows, cols}, w.data(), h, o);
+  EXPECT_FALSE(both.hessian_aware);
+  EXPECT_EQ(both.loss, both.rtn_loss);
+  const RoundingResult input = block_ldlq_quantize(
+      codec::Params{{"L", 8}, {"k", 2}, {"code", "3inst"}, {"rotate", "input"}}, Shape{rows, cols}, w.data(), h, o);
+  EXPECT_TRUE(input.hessian_aware);
+  EXPECT_LT(input.loss, input.rtn_loss);
+}
+
 }  // namespace
 }  // namespace lowbit::quant

@@ -34,6 +34,7 @@ struct RoundingResult {
   double loss = 0;       // tr((W - Q) H (W - Q)^T) of the kept result
   double rtn_loss = 0;   // the same for plain rounding
   bool guard_tripped = false;  // Hessian-aware rounding came out worse and plain rounding was kept
+  bool hessian_aware = true;   // false where the layout admits no error feedback and plain rounding is the result
 };
 
 // The upper Cholesky factor U of (H + damp * mean(diag H) * I)^-1 (n x n, row-major), with never-reached inputs
