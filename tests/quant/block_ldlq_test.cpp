@@ -25,15 +25,19 @@ Hessian sample_hessian(const std::vector<float>& mix, int64_t cols, int64_t toke
   return h;
 }
 
+std::vector<float> gaussian(int64_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> n01;
+  std::vector<float> v(static_cast<size_t>(n));
+  for (auto& x : v) x = n01(rng);
+  return v;
+}
+
 // The pipeline's damping keeps BlockLDLQ's gain on inputs it was not calibrated on, where the weak damping GPTQ
 // uses fits the calibration sample's Hessian and loses to plain coding.
 TEST(BlockLdlq, PipelineDampingHoldsOnHeldOutInputs) {
   const int64_t rows = 32, cols = 64;
-  std::mt19937_64 rng(5);
-  std::normal_distribution<float> n01;
-  std::vector<float> w(static_cast<size_t>(rows * cols)), mix(static_cast<size_t>(cols * cols));
-  for (auto& v : w) v = n01(rng);
-  for (auto& v : mix) v = n01(rng);
+  const std::vector<float> w = gaussian(rows * cols, 5), mix = gaussian(cols * cols, 6);
   const Hessian calib = sample_hessian(mix, cols, 24, 1), held_out = sample_hessian(mix, cols, 4096, 2);
   const codec::Params params{{"L", 8}, {"k", 2}, {"code", "3inst"}};
   const codec::Codec& trellis = codec::codec_or_throw("trellis", "test");
@@ -55,11 +59,7 @@ TEST(BlockLdlq, PipelineDampingHoldsOnHeldOutInputs) {
 // (the pipeline then reports "rtn"), not pass it off as BlockLDLQ.
 TEST(BlockLdlq, OutputRotationIsReportedAsPlainCoding) {
   const int64_t rows = 32, cols = 64;
-  std::mt19937_64 rng(7);
-  std::normal_distribution<float> n01;
-  std::vector<float> w(static_cast<size_t>(rows * cols)), mix(static_cast<size_t>(cols * cols));
-  for (auto& v : w) v = n01(rng);
-  for (auto& v : mix) v = n01(rng);
+  const std::vector<float> w = gaussian(rows * cols, 7), mix = gaussian(cols * cols, 8);
   const Hessian h = sample_hessian(mix, cols, 256, 3);
   GptqOptions o;
   o.damp = kBlockLdlqDamp;
