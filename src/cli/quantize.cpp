@@ -18,7 +18,7 @@ namespace fs = std::filesystem;
 struct Args {
   std::string source, destination;
   std::optional<std::string> recipe_file, preset_name, calib, calib_cache, tokenizer;
-  std::optional<double> target_bpw;
+  std::optional<double> target_bpw, target_linear_bpw;
   int64_t calib_tokens = 2048;
   int64_t calib_ctx = 512;
   bool no_calib = false;
@@ -52,6 +52,7 @@ void run(const Args& a) {
   o.destination = a.destination;
   o.recipe = a.recipe_file ? quant::Recipe::load(*a.recipe_file) : quant::preset(a.preset_name.value_or("affine4"));
   o.target_bpw = a.target_bpw;
+  o.target_linear_bpw = a.target_linear_bpw;
   if (!a.no_calib) {
     if (a.calib) {
       o.calibration = fs::path(*a.calib);
@@ -97,6 +98,9 @@ void setup(CLI::App& root) {
   cmd->add_option("--preset", args->preset_name,
                   "Built-in recipe: affine4 (default), affine3, q4, q3, fivestate, trellis2, trellis3, trellis4");
   cmd->add_option("--target-bpw", args->target_bpw, "Choose among the recipe's candidates to fit X bits per weight");
+  cmd->add_option("--target-linear-bpw", args->target_linear_bpw,
+                  "Choose among the linears' candidates to fit X bits per weight on the linears (embedding and head "
+                  "keep their first candidate)");
   cmd->add_option("--calib", args->calib, "Calibration text (default: ../shared's Debian reference text)");
   cmd->add_flag("--no-calib", args->no_calib, "Plain rounding, no calibration");
   cmd->add_option("--calib-tokens", args->calib_tokens, "Calibration tokens")->capture_default_str();

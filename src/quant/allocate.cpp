@@ -2,7 +2,11 @@
 
 #include <algorithm>
 #include <limits>
+#include <numeric>
+#include <random>
 
+#include "lowbit/codec/trellis.h"
+#include "lowbit/core/checked.h"
 #include "lowbit/core/error.h"
 
 namespace lowbit::quant {
@@ -72,7 +76,77 @@ void improve(const std::vector<AllocationItem>& items, uint64_t budget, Allocati
   }
 }
 
+// The sample's 16-row tiles, ascending, from a generator seeded by the seed and the tensor's name (FNV-1a), so a
+// rerun measures the same rows; every tile when the tensor is too small to sample.
+std::vector<int64_t> sampled_tiles(int64_t tiles, uint64_t seed, std::string_view tensor_name) {
+  std::vector<int64_t> all(static_cast<size_t>(tiles));
+  std::iota(all.begin(), all.end(), 0);
+  const int64_t n = std::max(kMeasureMinTiles, (tiles + kMeasureTileFraction - 1) / kMeasureTileFraction);
+  if (n >= tiles) return all;
+  uint64_t hash = 14695981039346656037ull;
+  for (const char c : tensor_name) hash = (hash ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+  std::mt19937_64 rng(seed ^ hash);
+  std::shuffle(all.begin(), all.end(), rng);
+  all.resize(static_cast<size_t>(n));
+  std::sort(all.begin(), all.end());
+  return all;
+}
+
+double plain_error(const std::vector<float>& w, const std::vector<float>& q, int64_t rows, const Hessian* h) {
+  if (h && h->dim > 0) return hessian_loss(w, q, rows, *h);
+  double loss = 0;
+  for (size_t i = 0; i < w.size(); ++i) loss += (static_cast<double>(w[i]) - q[i]) * (w[i] - q[i]);
+  return loss;
+}
+
+uint64_t stored_bytes(const codec::Codec& codec, const codec::Params& params, const Shape& shape) {
+  uint64_t n = 0;
+  for (const codec::ArraySpec& a : codec.arrays(params, shape))
+    n += checked_numel(a.shape, "[allocate]") * dtype_size(a.dtype);
+  return n;
+}
+
 }  // namespace
+
+CandidateMeasure measure_candidate(const CodecChoice& choice, const Shape& shape, const float* w, const Hessian* h,
+                                   uint64_t seed, std::string_view tensor_name) {
+  const codec::Codec& codec = codec::codec_or_throw(choice.codec, tensor_name);
+  const auto [rows, cols] = codec::matrix_dims(shape);
+  codec::EncodeOptions eo;
+  eo.seed = seed;
+  CandidateMeasure m;
+  m.rows = m.sampled_rows = rows;
+  bool row_separable = false;
+  if (choice.codec == "trellis") {
+    const codec::trellis::Layout lay = codec::trellis::parse_layout(choice.params, shape);
+    row_separable = lay.per_row_scale && !lay.rotate_output && lay.row_tiles() > kMeasureMinTiles;
+  }
+  if (!row_separable) {
+    const std::vector<float> whole(w, w + rows * cols);
+    const codec::EncodedTensor enc = codec.encode(choice.params, shape, whole.data(), eo);
+    m.loss = plain_error(whole, codec::decode_all({&codec, enc.params, shape, enc.views()}), rows, h);
+    for (const auto& [role, buffer] : enc.arrays) m.bytes += buffer.bytes.size();
+    return m;
+  }
+  const int64_t tile = codec::trellis::kTileDim;
+  std::vector<float> sample;
+  for (const int64_t t : sampled_tiles((rows + tile - 1) / tile, seed, tensor_name))
+    sample.insert(sample.end(), w + t * tile * cols, w + std::min(rows, (t + 1) * tile) * cols);
+  m.sampled_rows = static_cast<int64_t>(sample.size()) / cols;
+  const Shape sample_shape{m.sampled_rows, cols};
+  const codec::EncodedTensor enc = codec.encode(choice.params, sample_shape, sample.data(), eo);
+  const std::vector<float> q = codec::decode_all({&codec, enc.params, sample_shape, enc.views()});
+  m.loss = plain_error(sample, q, m.sampled_rows, h) * static_cast<double>(rows) / static_cast<double>(m.sampled_rows);
+  // The whole tensor's arrays: the sample's parameters with the padding the whole shape takes.
+  codec::Params whole = enc.params;
+  whole.erase("padded_rows");
+  whole.erase("padded_cols");
+  const codec::trellis::Layout lay = codec::trellis::parse_layout(whole, shape);
+  whole["padded_rows"] = lay.padded_rows;
+  whole["padded_cols"] = lay.padded_cols;
+  m.bytes = stored_bytes(codec, whole, shape);
+  return m;
+}
 
 Allocation allocate(const std::vector<AllocationItem>& items, uint64_t budget) {
   for (const auto& it : items)

@@ -159,33 +159,26 @@ class Quantizer {
     return enc;
   }
 
-  // Measures every candidate of a tensor's rule by plain rounding: its bytes, and its error (Hessian-weighted
-  // where a Hessian is given, plain squared error otherwise).
+  // Measures every candidate of a tensor's rule by plain rounding (measure_candidate): its bytes, and its error
+  // (Hessian-weighted where a Hessian is given, plain squared error otherwise).
   AllocationItem measure(const model::NamedTensor& t, const Hessian* h) const {
     AllocationItem item{t.name, {}, {}};
     const std::vector<CodecChoice> candidates = o_.recipe.candidates(t.name, t.ref.shape);
     const std::vector<float> w = codec::decode_all(t.ref);
-    const int64_t rows = codec::matrix_dims(t.ref.shape).first;
+    std::vector<int64_t> sampled_rows;
     for (const CodecChoice& c : candidates) {
-      const codec::Codec& codec = codec::codec_or_throw(c.codec, t.name);
-      codec::EncodeOptions eo;
-      eo.seed = o_.seed;
-      const codec::EncodedTensor enc = codec.encode(c.params, t.ref.shape, w.data(), eo);
-      const std::vector<float> q = codec::decode_all({&codec, enc.params, t.ref.shape, enc.views()});
-      double loss = 0;
-      if (h && h->dim > 0) {
-        loss = hessian_loss(w, q, rows, *h);
-      } else {
-        for (size_t i = 0; i < w.size(); ++i) loss += (static_cast<double>(w[i]) - q[i]) * (w[i] - q[i]);
-      }
-      item.bytes.push_back(encoded_bytes(enc));
-      item.loss.push_back(loss);
+      const CandidateMeasure m = measure_candidate(c, t.ref.shape, w.data(), h, o_.seed, t.name);
+      item.bytes.push_back(m.bytes);
+      item.loss.push_back(m.loss);
+      sampled_rows.push_back(m.sampled_rows);
     }
     candidates_[t.name] = candidates;
+    sampled_rows_[t.name] = std::move(sampled_rows);
     return item;
   }
 
   const std::vector<CodecChoice>& measured(const std::string& name) const { return candidates_.at(name); }
+  const std::vector<int64_t>& sampled_rows(const std::string& name) const { return sampled_rows_.at(name); }
 
   void apply(const std::vector<AllocationItem>& items, const Allocation& a) {
     for (size_t i = 0; i < items.size(); ++i) allocated_[items[i].name] = measured(items[i].name)[a.choice[i]];
@@ -209,6 +202,7 @@ class Quantizer {
   QuantizeReport& report_;
   std::map<std::string, CodecChoice, std::less<>> allocated_;
   mutable std::map<std::string, std::vector<CodecChoice>> candidates_;
+  mutable std::map<std::string, std::vector<int64_t>> sampled_rows_;
 };
 
 // Folds and rotates the model, then checks over a few hundred tokens that the full-precision function is kept
@@ -274,20 +268,43 @@ void report_calibration_cache(const QuantizeOptions& o, const CalibrationCacheSt
                  static_cast<long long>(s.computed), s.seconds_spent);
 }
 
-// --target-bpw: measures every tensor's candidates on the full-precision model (layer by layer, with the
-// calibration Hessians when there are any) and picks one per tensor within the byte budget.
-nlohmann::json allocate_bits(const QuantizeOptions& o, model::Model& model, Quantizer& quantizer,
+// --target-bpw / --target-linear-bpw: measures every tensor's candidates on the full-precision model (layer by
+// layer, with the calibration Hessians when there are any) and picks one per tensor within the byte budget: of
+// every tensor, or of the layers' linears only (embedding and head then keep their first candidate, outside it).
+struct BitsTarget {
+  double bits_per_weight;
+  bool linears_only;
+};
+
+// The command line's target, else the recipe's own target for the linears, else none.
+std::optional<BitsTarget> bits_target(const QuantizeOptions& o) {
+  if (o.target_bpw && o.target_linear_bpw)
+    fail(Errc::usage, "[quantize] give --target-bpw or --target-linear-bpw, not both");
+  if (o.target_bpw) return BitsTarget{*o.target_bpw, false};
+  if (o.target_linear_bpw) return BitsTarget{*o.target_linear_bpw, true};
+  if (o.recipe.target_linear_bpw) return BitsTarget{*o.recipe.target_linear_bpw, true};
+  return std::nullopt;
+}
+
+nlohmann::json allocate_bits(const QuantizeOptions& o, const BitsTarget& goal, model::Model& model,
+                             Quantizer& quantizer,
                              const std::map<int64_t, std::vector<const model::NamedTensor*>>& by_layer,
                              const std::optional<CalibrationText>& calib, const CalibrationKeySource& key) {
+  const bool linears_only = goal.linears_only;
+  const double target = goal.bits_per_weight;
   std::vector<AllocationItem> items;
   uint64_t weights = 0;
-  for (const auto& t : model.tensors) weights += checked_numel(t.ref.shape, t.name);
+  for (const auto& [layer, tensors] : by_layer)
+    for (const model::NamedTensor* t : tensors) weights += checked_numel(t->ref.shape, t->name);
   Progress progress("measure candidates", model.tensors.size(), "tensors");
   for (const auto& t : model.tensors) {
     int64_t layer;
     LinearInput input;
     if (linear_input_of(t.name, layer, input)) continue;
-    items.push_back(quantizer.measure(t, nullptr));
+    if (!linears_only) {
+      items.push_back(quantizer.measure(t, nullptr));
+      weights += checked_numel(t.ref.shape, t.name);
+    }
     progress.advance();
   }
   std::optional<CachedCalibrator> calibrator;
@@ -306,21 +323,23 @@ nlohmann::json allocate_bits(const QuantizeOptions& o, model::Model& model, Quan
   }
   progress.finish();
   if (calibrator) report_calibration_cache(o, calibrator->stats(), "measure");
-  const auto budget = static_cast<uint64_t>(*o.target_bpw * static_cast<double>(weights) / 8.0);
+  const auto budget = static_cast<uint64_t>(target * static_cast<double>(weights) / 8.0);
   const Allocation a = allocate(items, budget);
   if (!a.feasible)
-    std::fprintf(stderr, "[quantize] warning: %.3f bits per weight is below the smallest candidates (%.3f)\n",
-                 *o.target_bpw, 8.0 * static_cast<double>(a.bytes) / static_cast<double>(weights));
+    std::fprintf(stderr, "[quantize] warning: %.3f bits per weight is below the smallest candidates (%.3f)\n", target,
+                 8.0 * static_cast<double>(a.bytes) / static_cast<double>(weights));
   quantizer.apply(items, a);
-  nlohmann::json out{{"target_bits_per_weight", *o.target_bpw}, {"budget_bytes", budget}, {"bytes", a.bytes},
-                     {"feasible", a.feasible}, {"choices", nlohmann::json::object()}};
-  // Per tensor: the index of the chosen candidate, and every candidate measured with its bytes and loss.
+  nlohmann::json out{{"target_bits_per_weight", target}, {"scope", linears_only ? "linears" : "all"},
+                     {"budget_bytes", budget}, {"bytes", a.bytes}, {"feasible", a.feasible},
+                     {"choices", nlohmann::json::object()}};
+  // Per tensor: the index of the chosen candidate, and every candidate measured with its bytes, loss and the
+  // rows it was measured on.
   for (size_t i = 0; i < items.size(); ++i) {
     nlohmann::json measured = nlohmann::json::array();
     const std::vector<CodecChoice>& choices = quantizer.measured(items[i].name);
     for (size_t k = 0; k < choices.size(); ++k)
       measured.push_back({{"codec", choices[k].codec}, {"params", choices[k].params}, {"bytes", items[i].bytes[k]},
-                          {"loss", items[i].loss[k]}});
+                          {"loss", items[i].loss[k]}, {"sampled_rows", quantizer.sampled_rows(items[i].name)[k]}});
     out["choices"][items[i].name] = {{"chosen", a.choice[i]}, {"candidates", std::move(measured)}};
   }
   return out;
@@ -385,6 +404,7 @@ nlohmann::json QuantizeReport::to_json() const {
 
 QuantizeReport quantize(const QuantizeOptions& o) {
   const auto start = std::chrono::steady_clock::now();
+  const std::optional<BitsTarget> goal = bits_target(o);
   QuantizeReport report;
   std::unique_ptr<model::Model> model = to_hf_rope_layout(model::load_model(o.source));
   for (const auto& t : model->tensors)
@@ -413,7 +433,8 @@ QuantizeReport quantize(const QuantizeOptions& o) {
     LinearInput input;
     if (linear_input_of(t.name, layer, input)) by_layer[layer].push_back(&t);
   }
-  if (o.target_bpw) report.allocation = allocate_bits(o, *model, quantizer, by_layer, calib, cache_key);
+  if (goal)
+    report.allocation = allocate_bits(o, *goal, *model, quantizer, by_layer, calib, cache_key);
 
   // Tensors outside the layers' linears first: embedding, norms, head, biases.
   Progress progress("quantize", model->tensors.size(), "tensors");

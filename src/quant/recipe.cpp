@@ -121,13 +121,15 @@ nlohmann::json Recipe::to_json() const {
   json j{{"name", name}, {"rotate", rotate}, {"rules", json::array()}};
   for (const RecipeRule& r : rules) j["rules"].push_back(rule_json(r, false));
   j["default"] = rule_json(fallback, true);
+  if (target_linear_bpw) j["target_linear_bits_per_weight"] = *target_linear_bpw;
   return j;
 }
 
 Recipe Recipe::from_json(const nlohmann::json& j, std::string_view source) {
   if (!j.is_object()) fail(Errc::format, "[recipe] {}: must be a JSON object", source);
   for (const auto& [key, value] : j.items())
-    if (key != "name" && key != "rules" && key != "default" && key != "rotate")
+    if (key != "name" && key != "rules" && key != "default" && key != "rotate" &&
+        key != "target_linear_bits_per_weight")
       fail(Errc::format, "[recipe] {}: unknown key '{}'", source, key);
   Recipe r;
   r.name = j.value("name", std::string("custom"));
@@ -139,6 +141,12 @@ Recipe Recipe::from_json(const nlohmann::json& j, std::string_view source) {
     if (!j["rules"].is_array()) fail(Errc::format, "[recipe] {}: 'rules' must be an array", source);
     for (size_t i = 0; i < j["rules"].size(); ++i)
       r.rules.push_back(parse_rule(j["rules"][i], fmt::format("[recipe] {}: rule {}", source, i), false));
+  }
+  if (j.contains("target_linear_bits_per_weight")) {
+    const json& t = j["target_linear_bits_per_weight"];
+    if (!t.is_number() || !(t.get<double>() > 0))
+      fail(Errc::format, "[recipe] {}: 'target_linear_bits_per_weight' must be a positive number", source);
+    r.target_linear_bpw = t.get<double>();
   }
   if (!j.contains("default")) fail(Errc::format, "[recipe] {}: 'default' is required", source);
   r.fallback = parse_rule(j["default"], fmt::format("[recipe] {}: default", source), true);

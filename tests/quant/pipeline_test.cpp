@@ -105,6 +105,44 @@ TEST(Quantize, TargetBitsChoosesAmongCandidatesWithinBudget) {
   EXPECT_TRUE(art.manifest().quality.contains("quantize"));
 }
 
+// --target-linear-bpw budgets the layers' linears only: the embedding and head keep their first candidate and
+// are neither measured nor counted, and the linears' bits per weight stay within the target. A recipe's own
+// target applies the same way when the command line gives none.
+TEST(Quantize, TargetLinearBitsBudgetsTheLinearsOnly) {
+  TempDir tmp;
+  QuantizeOptions o;
+  o.source = write_source(tmp.path, 128);
+  o.destination = tmp.path / "out";
+  o.recipe = preset("affine4");  // linears may take 4, 3 or 5 bits; embedding and head affine 4-bit
+  o.target_linear_bpw = 4.0;
+  const QuantizeReport r = quantize(o);
+  ASSERT_TRUE(r.allocation.is_object());
+  EXPECT_EQ(r.allocation["scope"], "linears");
+  EXPECT_LE(r.linear_bits_per_weight(), 4.0);
+  EXPECT_GT(r.linear_bits_per_weight(), 3.5) << "the budget above affine 3-bit's should be used";
+  for (const auto& t : r.tensors) {
+    const bool layer = t.name.find("layers") != std::string::npos;
+    EXPECT_EQ(r.allocation["choices"].contains(t.name), layer && t.shape.size() == 2) << t.name;
+    if (!layer && t.shape.size() == 2) EXPECT_EQ(t.choice.params["bits"], 4) << t.name;
+  }
+
+  o.target_linear_bpw.reset();
+  o.recipe.target_linear_bpw = 4.0;
+  o.destination = tmp.path / "from_recipe";
+  const QuantizeReport from_recipe = quantize(o);
+  ASSERT_TRUE(from_recipe.allocation.is_object());
+  EXPECT_EQ(from_recipe.linear_bits_per_weight(), r.linear_bits_per_weight());
+
+  o.target_bpw = 4.0;
+  o.target_linear_bpw = 4.0;
+  try {
+    quantize(o);
+    FAIL() << "two targets";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::usage);
+  }
+}
+
 // --target-bpw measures the candidates the padding fallback leaves: on a model whose widths (64, 40) two-plane's
 // 128-wide groups would pad, affine 3-bit replaces it, so a budget below affine 4-bit's is met.
 TEST(Quantize, TargetBitsMeasuresThePaddingFallback) {

@@ -73,6 +73,18 @@ TEST(Recipe, RejectsMalformedRecipes) {
       << "rule without match";
   EXPECT_EQ(rejection({{"default", good_default}, {"rules", {{{"match", "*"}}}}}), Errc::format)
       << "rule without codec";
+  EXPECT_EQ(rejection({{"default", good_default}, {"target_linear_bits_per_weight", 0}}), Errc::format);
+  EXPECT_EQ(rejection({{"default", good_default}, {"target_linear_bits_per_weight", "2.6"}}), Errc::format);
+}
+
+TEST(Recipe, CarriesATargetForTheLinears) {
+  const json j = {{"default", {{"codec", "dense"}, {"params", {{"dtype", "f16"}}}}},
+                  {"target_linear_bits_per_weight", 2.5}};
+  const Recipe r = Recipe::from_json(j, "t");
+  ASSERT_TRUE(r.target_linear_bpw);
+  EXPECT_EQ(*r.target_linear_bpw, 2.5);
+  EXPECT_EQ(Recipe::from_json(r.to_json(), "t").target_linear_bpw, r.target_linear_bpw);
+  EXPECT_FALSE(Recipe::from_json({{"default", j["default"]}}, "t").target_linear_bpw);
 }
 
 TEST(Presets, AllParseAndKnowTheirCodecs) {

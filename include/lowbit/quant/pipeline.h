@@ -19,7 +19,8 @@ struct QuantizeOptions {
   std::filesystem::path source;
   std::filesystem::path destination;
   Recipe recipe;
-  std::optional<double> target_bpw;
+  std::optional<double> target_bpw;         // bits per weight of every tensor (--target-bpw)
+  std::optional<double> target_linear_bpw;  // of the layers' linears only (--target-linear-bpw)
   std::optional<std::filesystem::path> calibration;  // none: plain rounding everywhere
   int64_t calib_tokens = 2048;
   int64_t calib_ctx = 512;

@@ -36,6 +36,9 @@ struct Recipe {
   bool rotate = false;  // fold norms and rotate the residual stream before quantizing (quant/fold.h)
   std::vector<RecipeRule> rules;
   RecipeRule fallback;  // the default; its pattern is "*"
+  // Bits per weight on the layers' linears that the allocator fits when the command line gives no target
+  // (--target-bpw / --target-linear-bpw); none: every tensor takes its first candidate.
+  std::optional<double> target_linear_bpw;
 
   // The rule a tensor falls under (first match wins, else the default). `shape` decides the dense override.
   const RecipeRule& rule_for(std::string_view tensor_name) const;
