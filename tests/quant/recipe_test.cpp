@@ -98,6 +98,8 @@ TEST(Presets, AllParseAndKnowTheirCodecs) {
   }
   EXPECT_EQ(preset("trellis2").choose("model.layers.1.mlp.gate_proj.weight", {64, 256}).codec, "trellis");
   EXPECT_EQ(preset("trellis2").choose("model.embed_tokens.weight", {512, 64}).codec, "affine");
+  EXPECT_EQ(preset("trellis2").target_linear_bpw, 2.6) << "issue 6's budget on the linears";
+  EXPECT_FALSE(preset("trellis3").target_linear_bpw);
   try {
     preset("affine9");
     FAIL();
