@@ -181,18 +181,18 @@ TEST_F(CudaModelTest, BatchedDecodeMatchesCpuAndGraphReplayMatchesEager) {
 }
 
 // A context long enough that the decode attention splits its positions over several blocks (the capacity of
-// 200 gives 7 splits of 29 positions; 130 positions reach 5 of them) and merges them: every step's logits
-// still match the CPU's, and each step's replayed graph gives what eager launches give.
+// 400 allows 4 splits of at least 128 positions; 300 positions take 1, then 2, then 3 of them) and merges them:
+// every step's logits still match the CPU's, and each step's replayed graph gives what eager launches give.
 TEST_F(CudaModelTest, SplitAttentionOverLongContextMatchesCpu) {
   ModelConfig c = wider_config();
-  c.max_seq = 256;
+  c.max_seq = 512;
   const auto cpu = testing::tiny_model(c, 9);
-  constexpr int kSteps = 130;
+  constexpr int kSteps = 300;
   const auto tokens = random_tokens(kSteps, c.vocab, 21);
   const std::vector<float> expected = run_logits(*cpu, tokens, 1, pool);
-  ASSERT_GT(kernels::cuda::attention_splits(200), 4);
-  CudaModel graph(c, lookup_of(*cpu), {.max_batch = 1, .capacity = 200, .use_graphs = true});
-  CudaModel eager(c, lookup_of(*cpu), {.max_batch = 1, .capacity = 200, .use_graphs = false});
+  ASSERT_EQ(kernels::cuda::attention_splits(400), 4);
+  CudaModel graph(c, lookup_of(*cpu), {.max_batch = 1, .capacity = 400, .use_graphs = true});
+  CudaModel eager(c, lookup_of(*cpu), {.max_batch = 1, .capacity = 400, .use_graphs = false});
   const std::vector<int32_t> slot{0};
   for (int s = 0; s < kSteps; ++s) {
     const std::vector<int32_t> token{tokens[s]}, pos{s};
@@ -237,6 +237,55 @@ TEST_F(CudaModelTest, DeviceGreedyLoopMatchesCpuGreedy) {
   std::vector<int32_t> last(1);
   gpu.download_tokens(1, last);
   EXPECT_EQ(last[0], want.back());
+}
+
+// The argmax split over several blocks per row (a vocabulary of 50000, float4 loads, and 20001, scalar loads)
+// against the CPU's: the lowest id on ties, NaN never wins, the maximum in the last element found; with the
+// greedy feedback, tokens take the winners and positions move on by one.
+TEST_F(CudaModelTest, SplitArgmaxMatchesCpuArgmax) {
+  namespace kc = kernels::cuda;
+  constexpr int kBatch = 3;
+  for (const int64_t vocab : {int64_t{50000}, int64_t{20001}}) {
+    ASSERT_GT(kc::argmax_blocks(vocab), 1);
+    std::mt19937_64 rng(static_cast<uint64_t>(vocab));
+    std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+    std::vector<float> logits(static_cast<size_t>(kBatch * vocab));
+    for (auto& v : logits) v = d(rng);
+    logits[static_cast<size_t>(vocab - 7)] = 5.0f;  // row 0: a tie across blocks, the lower id wins
+    logits[9000] = 5.0f;
+    logits[static_cast<size_t>(2 * vocab - 1)] = 7.0f;  // row 1: the last element
+    logits[static_cast<size_t>(2 * vocab + 123)] = std::nanf("");  // row 2: NaN among ordinary values
+    std::vector<int32_t> want;
+    for (int b = 0; b < kBatch; ++b) want.push_back(argmax(std::span(logits).subspan(b * vocab, vocab)));
+    ASSERT_EQ(want[0], 9000);
+    const auto buffer = [](size_t bytes, const void* host) {
+      kc::DeviceBuffer b(bytes);
+      b.upload(host, bytes);
+      return b;
+    };
+    const kc::DeviceBuffer dl = buffer(logits.size() * sizeof(float), logits.data());
+    const size_t parts = static_cast<size_t>(kBatch * kc::argmax_blocks(vocab));
+    kc::DeviceBuffer values(parts * sizeof(float)), indices(parts * sizeof(int32_t)), counters(kBatch * 4), next(kBatch * 4);
+    counters.fill(0);
+    const std::vector<int32_t> pos0{5, 6, 7};
+    kc::DeviceBuffer tokens(kBatch * 4);
+    const kc::DeviceBuffer pos = buffer(kBatch * 4, pos0.data());
+    const kc::ArgmaxScratch scratch{values.as<float>(), indices.as<int32_t>(), counters.as<uint32_t>()};
+    for (int run = 0; run < 2; ++run) {  // the second run relies on the counters the first left at zero
+      next.fill(0xFF);
+      kc::launch_argmax(dl.as<float>(), vocab, kBatch, scratch, next.as<int32_t>(), tokens.as<int32_t>(),
+                        pos.as<int32_t>(), nullptr);
+      kc::check_last_error("argmax test");
+      kc::synchronize("argmax test");
+      std::vector<int32_t> got(kBatch), got_tokens(kBatch), got_pos(kBatch);
+      next.download(got.data(), kBatch * 4);
+      tokens.download(got_tokens.data(), kBatch * 4);
+      pos.download(got_pos.data(), kBatch * 4);
+      EXPECT_EQ(got, want) << "vocab " << vocab << " run " << run;
+      EXPECT_EQ(got_tokens, want);
+      for (int b = 0; b < kBatch; ++b) EXPECT_EQ(got_pos[b], pos0[b] + run + 1);
+    }
+  }
 }
 
 TEST_F(CudaModelTest, UnsupportedCodecNamesTheTensor) {

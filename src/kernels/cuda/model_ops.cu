@@ -30,6 +30,15 @@ __device__ __forceinline__ void store_elem(void* p, ElemType t, int64_t i, float
   }
 }
 
+// v as the cache stores it (rounded to f16 or bf16 there).
+__device__ __forceinline__ float stored(ElemType t, float v) {
+  switch (t) {
+    case ElemType::f16: return __half2float(__float2half_rn(v));
+    case ElemType::bf16: return __bfloat162float(__float2bfloat16_rn(v));
+    default: return v;
+  }
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
   for (int o = kWarp / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
@@ -62,31 +71,48 @@ __global__ void embed_gather_kernel(const void* table, ElemType type, int64_t vo
 }
 
 // One block per row: optional residual add in place, then out = weight * x / rms(x) (forward.cpp's rmsnorm).
-__global__ void rmsnorm_kernel(float* x, const float* delta, const float* weight, float* out, int64_t n, float eps) {
-  float* row = x + blockIdx.x * n;
+// Thread t holds float4s t, t + blockDim, ... (kVecs of them) in registers, so the row is read once, and loads
+// its weights, x and delta together (one memory latency before the block sum instead of two).
+template <int kVecs>
+__global__ void __launch_bounds__(1024) rmsnorm_kernel(float* x, const float* delta, const float* weight, float* out,
+                                                       int n4, float eps) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * n4;
+  float4 w[kVecs], v[kVecs];
+#pragma unroll
+  for (int r = 0; r < kVecs; ++r) {
+    const int j = threadIdx.x + r * blockDim.x;
+    w[r] = j < n4 ? reinterpret_cast<const float4*>(weight)[j] : float4{};
+  }
+  float4* xr = reinterpret_cast<float4*>(x) + row;
   float ss = 0.0f;
-  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
-    float v = row[j];
-    if (delta) {
-      v += delta[blockIdx.x * n + j];
-      row[j] = v;
+#pragma unroll
+  for (int r = 0; r < kVecs; ++r) {
+    const int j = threadIdx.x + r * blockDim.x;
+    v[r] = j < n4 ? xr[j] : float4{};
+    if (delta && j < n4) {
+      const float4 d = reinterpret_cast<const float4*>(delta)[row + j];
+      v[r] = {v[r].x + d.x, v[r].y + d.y, v[r].z + d.z, v[r].w + d.w};
     }
-    ss += v * v;
+    ss += v[r].x * v[r].x + v[r].y * v[r].y + v[r].z * v[r].z + v[r].w * v[r].w;
   }
   ss = block_sum(ss);
-  const float inv = 1.0f / sqrtf(ss / static_cast<float>(n) + eps);
-  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) out[blockIdx.x * n + j] = weight[j] * (inv * row[j]);
+  const float inv = 1.0f / sqrtf(ss / static_cast<float>(4 * n4) + eps);
+#pragma unroll
+  for (int r = 0; r < kVecs; ++r) {
+    const int j = threadIdx.x + r * blockDim.x;
+    if (j >= n4) continue;
+    if (delta) xr[j] = v[r];
+    reinterpret_cast<float4*>(out)[row + j] = {w[r].x * (inv * v[r].x), w[r].y * (inv * v[r].y),
+                                               w[r].z * (inv * v[r].z), w[r].w * (inv * v[r].w)};
+  }
 }
 
-// One block per (row, head): q heads first, then kv heads. Thread d owns element d of the head.
-__global__ void qkv_prepare_kernel(QkvArgs a, KvLayer kv, const int32_t* pos, const int32_t* slot) {
-  extern __shared__ float head[];
-  const int b = blockIdx.x, h = blockIdx.y, d = threadIdx.x, hd = a.head_dim;
-  const bool is_q = h < a.n_heads;
-  const int hh = is_q ? h : h - a.n_heads;
-  const float* src = is_q ? a.q + b * a.q_stride : a.k + b * a.k_stride;
-  const float* bias = is_q ? a.q_bias : a.k_bias;
-  const float* norm = is_q ? a.q_norm : a.k_norm;
+// Thread d's element of head `hh` of a q or k row `src` after bias, per-head RMSNorm and RoPE at position p
+// (forward.cpp's order); threads d >= head_dim get 0. Every thread of the block calls it (block sum, barriers);
+// `head` is head_dim floats of shared memory.
+__device__ float prepared_element(const QkvArgs& a, const float* src, const float* bias, const float* norm, int hh,
+                                  int p, float* head) {
+  const int d = threadIdx.x, hd = a.head_dim;
   const bool active = d < hd;
   float v = active ? src[hh * hd + d] + (bias ? bias[hh * hd + d] : 0.0f) : 0.0f;
   if (norm) {
@@ -95,63 +121,117 @@ __global__ void qkv_prepare_kernel(QkvArgs a, KvLayer kv, const int32_t* pos, co
   }
   if (active) head[d] = v;
   __syncthreads();
-  if (!active) return;
-  const int half = hd / 2;
-  // RoPE: element d pairs with its partner; `first` is the pair's rotated-by-(c, -s) element.
-  const int pair = a.interleaved ? d / 2 : d % half;
-  const bool first = a.interleaved ? d % 2 == 0 : d < half;
-  const int ia = a.interleaved ? 2 * pair : pair, ib = a.interleaved ? 2 * pair + 1 : pair + half;
+  float rotated = 0.0f;
+  if (active) {
+    const int half = hd / 2;
+    // RoPE: element d pairs with its partner; `first` is the pair's rotated-by-(c, -s) element.
+    const int pair = a.interleaved ? d / 2 : d % half;
+    const bool first = a.interleaved ? d % 2 == 0 : d < half;
+    const int ia = a.interleaved ? 2 * pair : pair, ib = a.interleaved ? 2 * pair + 1 : pair + half;
+    const float angle = static_cast<float>(p) * a.inv_freq[pair];
+    const float c = cosf(angle), s = sinf(angle);
+    const float x0 = head[ia], x1 = head[ib];
+    rotated = first ? x0 * c - x1 * s : x0 * s + x1 * c;
+  }
+  __syncthreads();  // `head` may be reused
+  return rotated;
+}
+
+// Thread d's element of kv head `hh`'s value row after bias.
+__device__ float value_element(const QkvArgs& a, int b, int hh) {
+  const int d = threadIdx.x, hd = a.head_dim;
+  return d < hd ? a.v[b * a.v_stride + hh * hd + d] + (a.v_bias ? a.v_bias[hh * hd + d] : 0.0f) : 0.0f;
+}
+
+// The cache's element index of (slot[b], position p), kv head hh, element d.
+__device__ int64_t cache_index(const QkvArgs& a, const KvLayer& kv, int slot, int p, int hh, int d) {
+  const int64_t kv_dim = static_cast<int64_t>(a.n_kv_heads) * a.head_dim;
+  return (static_cast<int64_t>(slot) * kv.capacity + p) * kv_dim + hh * a.head_dim + d;
+}
+
+// One block per (row, head): q heads first, then kv heads. Thread d owns element d of the head.
+__global__ void qkv_prepare_kernel(QkvArgs a, KvLayer kv, const int32_t* pos, const int32_t* slot) {
+  extern __shared__ float head[];
+  const int b = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
+  const bool is_q = h < a.n_heads;
+  const int hh = is_q ? h : h - a.n_heads;
   const int p = pos[b];
-  const float angle = static_cast<float>(p) * a.inv_freq[pair];
-  const float c = cosf(angle), s = sinf(angle);
-  const float x0 = head[ia], x1 = head[ib];
-  const float rotated = first ? x0 * c - x1 * s : x0 * s + x1 * c;
+  const float rotated = is_q ? prepared_element(a, a.q + b * a.q_stride, a.q_bias, a.q_norm, hh, p, head)
+                             : prepared_element(a, a.k + b * a.k_stride, a.k_bias, a.k_norm, hh, p, head);
+  if (d >= a.head_dim) return;
   if (is_q) {
-    a.q[b * a.q_stride + hh * hd + d] = rotated;
+    a.q[b * a.q_stride + hh * a.head_dim + d] = rotated;
     return;
   }
-  const int64_t kv_dim = static_cast<int64_t>(a.n_kv_heads) * hd;
-  const int64_t at = (static_cast<int64_t>(slot[b]) * kv.capacity + p) * kv_dim + hh * hd + d;
+  const int64_t at = cache_index(a, kv, slot[b], p, hh, d);
   store_elem(kv.keys, kv.type, at, rotated);
-  store_elem(kv.values, kv.type, at, a.v[b * a.v_stride + hh * hd + d] + (a.v_bias ? a.v_bias[hh * hd + d] : 0.0f));
+  store_elem(kv.values, kv.type, at, value_element(a, b, hh));
 }
 
 constexpr int kAttnWarps = 8;
 constexpr int kAttnUnroll = 4;       // positions per warp whose keys and values load together
 constexpr int kMaxDimsPerLane = 8;  // head_dim <= 256
 constexpr int kPositionsPerSplit = kAttnWarps * kAttnUnroll;
+// Fewest positions a split takes: below about four rounds per warp, the merge (a fence, an atomic and a second
+// pass over the partials) costs more than the rounds it saves.
+constexpr int64_t kMinSplitPositions = 4 * kPositionsPerSplit;
 
-// Grid (head, row, split): split s covers positions [s chunk, (s + 1) chunk) of 0..pos[b], chunk = the cache
-// capacity / splits, so a step's launch shape does not depend on the positions (one graph serves every step).
+// Grid (head, row, split), the splits fixed by the cache capacity so that a step's launch shape does not depend
+// on the positions (one graph serves every step). Row b's n = pos[b] + 1 positions take only as many splits as
+// give each at least kMinSplitPositions (a short context thus runs in one block per head with no merge), in
+// equal chunks; the other blocks return at once.
 // Warp w takes kAttnUnroll consecutive positions per round, all their key and value loads in flight at once:
 // dot products by warp-wide sums, then one online-softmax update (running max m, sum l, weighted values acc).
 // The block merges its warps; with several splits it stores (m, l, acc) in the scratch and the block that
 // arrives last at the (row, head) counter merges the splits in split order (deterministic) and resets it.
-__global__ void __launch_bounds__(kAttnWarps * kWarp) decode_attention_kernel(const float* q, int64_t q_stride,
-                                                                              KvLayer kv, const int32_t* pos,
-                                                                              const int32_t* slot, int n_heads,
-                                                                              int n_kv_heads, int hd, int splits,
+template <bool kPrepare>
+__global__ void __launch_bounds__(kAttnWarps * kWarp) decode_attention_kernel(QkvArgs a, KvLayer kv, const int32_t* pos,
+                                                                              const int32_t* slot, int max_splits,
                                                                               AttentionScratch scratch, float* out) {
   __shared__ float s_m[kAttnWarps], s_l[kAttnWarps];
   __shared__ float s_acc[kAttnWarps][kMaxDimsPerLane * kWarp];
+  __shared__ float s_q[kMaxDimsPerLane * kWarp], s_k[kMaxDimsPerLane * kWarp], s_v[kMaxDimsPerLane * kWarp];
   __shared__ bool s_last;
   const int h = blockIdx.x, b = blockIdx.y, split = blockIdx.z;
+  const int hd = a.head_dim;
+  const int p = pos[b];
+  const int64_t n = p + 1;
+  const int64_t wanted = (n + kMinSplitPositions - 1) / kMinSplitPositions;
+  const int used = static_cast<int>(wanted < max_splits ? wanted : max_splits);
+  if (split >= used) return;
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
-  const int kvh = h / (n_heads / n_kv_heads);
-  const int64_t kv_dim = static_cast<int64_t>(n_kv_heads) * hd;
+  const int group = a.n_heads / a.n_kv_heads, kvh = h / group;
+  const int64_t kv_dim = static_cast<int64_t>(a.n_kv_heads) * hd;
   const int64_t base = static_cast<int64_t>(slot[b]) * kv.capacity * kv_dim + kvh * hd;
   const float scale = sqrtf(static_cast<float>(hd));
+  if (kPrepare) {  // qkv_prepare_kernel's work for this row's q head and kv head, the new k and v kept in s_k, s_v
+    const int d = threadIdx.x;
+    const float q = prepared_element(a, a.q + b * a.q_stride, a.q_bias, a.q_norm, h, p, s_q);
+    const float k = prepared_element(a, a.k + b * a.k_stride, a.k_bias, a.k_norm, kvh, p, s_k);
+    const float v = value_element(a, b, kvh);
+    if (d < hd) {
+      s_q[d] = q;
+      s_k[d] = stored(kv.type, k);  // as a later step will read it from the cache
+      s_v[d] = stored(kv.type, v);
+      if (h % group == 0 && split == used - 1) {
+        const int64_t at = cache_index(a, kv, slot[b], p, kvh, d);
+        store_elem(kv.keys, kv.type, at, k);
+        store_elem(kv.values, kv.type, at, v);
+      }
+    }
+    __syncthreads();
+  }
   float qr[kMaxDimsPerLane], acc[kMaxDimsPerLane];
 #pragma unroll
   for (int i = 0; i < kMaxDimsPerLane; ++i) {
     const int d = lane + kWarp * i;
-    qr[i] = d < hd ? q[b * q_stride + h * hd + d] : 0.0f;
+    qr[i] = d >= hd ? 0.0f : kPrepare ? s_q[d] : a.q[b * a.q_stride + h * hd + d];
     acc[i] = 0.0f;
   }
   float m = -INFINITY, l = 0.0f;
-  const int64_t chunk = (kv.capacity + splits - 1) / splits;
+  const int64_t chunk = (n + used - 1) / used;
   const int64_t begin = split * chunk;
-  const int64_t end = begin + chunk < pos[b] + 1 ? begin + chunk : pos[b] + 1;
+  const int64_t end = begin + chunk < n ? begin + chunk : n;
   for (int64_t t0 = begin + warp * kAttnUnroll; t0 < end; t0 += kAttnWarps * kAttnUnroll) {
     float kr[kAttnUnroll][kMaxDimsPerLane], vr[kAttnUnroll][kMaxDimsPerLane];
 #pragma unroll
@@ -160,9 +240,9 @@ __global__ void __launch_bounds__(kAttnWarps * kWarp) decode_attention_kernel(co
 #pragma unroll
       for (int i = 0; i < kMaxDimsPerLane; ++i) {
         const int d = lane + kWarp * i;
-        const bool load = t0 + u < end && d < hd;
-        kr[u][i] = load ? load_elem(kv.keys, kv.type, row + d) : 0.0f;
-        vr[u][i] = load ? load_elem(kv.values, kv.type, row + d) : 0.0f;
+        const bool load = t0 + u < end && d < hd, fresh = kPrepare && t0 + u == p;
+        kr[u][i] = !load ? 0.0f : fresh ? s_k[d] : load_elem(kv.keys, kv.type, row + d);
+        vr[u][i] = !load ? 0.0f : fresh ? s_v[d] : load_elem(kv.values, kv.type, row + d);
       }
     }
     float score[kAttnUnroll];
@@ -181,10 +261,10 @@ __global__ void __launch_bounds__(kAttnWarps * kWarp) decode_attention_kernel(co
     for (int i = 0; i < kMaxDimsPerLane; ++i) acc[i] *= corr;
 #pragma unroll
     for (int u = 0; u < kAttnUnroll; ++u) {
-      const float p = expf(score[u] - m_new);
-      l += p;
+      const float weight = expf(score[u] - m_new);
+      l += weight;
 #pragma unroll
-      for (int i = 0; i < kMaxDimsPerLane; ++i) acc[i] += p * vr[u][i];
+      for (int i = 0; i < kMaxDimsPerLane; ++i) acc[i] += weight * vr[u][i];
     }
     m = m_new;
   }
@@ -200,42 +280,42 @@ __global__ void __launch_bounds__(kAttnWarps * kWarp) decode_attention_kernel(co
   float l_all = 0.0f;
   for (int w = 0; w < kAttnWarps; ++w)
     if (s_l[w] > 0.0f) l_all += s_l[w] * expf(s_m[w] - m_all);
-  float* o_row = out + static_cast<int64_t>(b) * n_heads * hd + h * hd;
-  const int64_t pair = static_cast<int64_t>(b) * n_heads + h;
-  float* mine = scratch.partials + (pair * splits + split) * (hd + 2);
+  float* o_row = out + static_cast<int64_t>(b) * a.n_heads * hd + h * hd;
+  const int64_t pair = static_cast<int64_t>(b) * a.n_heads + h;
+  float* mine = scratch.partials + (pair * kAttentionSplits + split) * (hd + 2);
   for (int d = threadIdx.x; d < hd; d += blockDim.x) {
     float o = 0.0f;
     for (int w = 0; w < kAttnWarps; ++w)
       if (s_l[w] > 0.0f) o += s_acc[w][d] * expf(s_m[w] - m_all);
-    if (splits == 1) {
+    if (used == 1) {
       o_row[d] = o / l_all;
     } else {
       mine[2 + d] = o;
     }
   }
-  if (splits == 1) return;
+  if (used == 1) return;
   if (threadIdx.x == 0) {
     mine[0] = m_all;
     mine[1] = l_all;
   }
   __threadfence();  // this block's partial is visible before it counts itself in
   __syncthreads();
-  if (threadIdx.x == 0) s_last = atomicAdd(scratch.counters + pair, 1u) == static_cast<unsigned>(splits - 1);
+  if (threadIdx.x == 0) s_last = atomicAdd(scratch.counters + pair, 1u) == static_cast<unsigned>(used - 1);
   __syncthreads();
   if (!s_last) return;
   __threadfence();
-  const float* parts = scratch.partials + pair * splits * (hd + 2);
+  const float* parts = scratch.partials + pair * kAttentionSplits * (hd + 2);
   float m_max = -INFINITY;
-  for (int s = 0; s < splits; ++s)
+  for (int s = 0; s < used; ++s)
     if (__ldcg(parts + s * (hd + 2) + 1) > 0.0f) m_max = fmaxf(m_max, __ldcg(parts + s * (hd + 2)));
   float l_sum = 0.0f;
-  for (int s = 0; s < splits; ++s) {
+  for (int s = 0; s < used; ++s) {
     const float ls = __ldcg(parts + s * (hd + 2) + 1);
     if (ls > 0.0f) l_sum += ls * expf(__ldcg(parts + s * (hd + 2)) - m_max);
   }
   for (int d = threadIdx.x; d < hd; d += blockDim.x) {
     float o = 0.0f;
-    for (int s = 0; s < splits; ++s) {
+    for (int s = 0; s < used; ++s) {
       const float* ps = parts + s * (hd + 2);
       if (__ldcg(ps + 1) > 0.0f) o += __ldcg(ps + 2 + d) * expf(__ldcg(ps) - m_max);
     }
@@ -254,6 +334,10 @@ __global__ void swiglu_kernel(const float* gate, const float* up, int64_t stride
   }
 }
 
+constexpr int kArgmaxThreads = 256;
+constexpr int kArgmaxVecs = 8;  // float4s per thread
+constexpr int64_t kArgmaxChunk = int64_t{kArgmaxThreads} * kArgmaxVecs * 4;
+
 // (value, index) pairs: the larger value wins, the lower index on ties; NaN never wins (as the CPU argmax).
 __device__ __forceinline__ void keep_best(float& v, int& i, float ov, int oi) {
   if (ov > v || (ov == v && oi < i)) {
@@ -262,43 +346,82 @@ __device__ __forceinline__ void keep_best(float& v, int& i, float ov, int oi) {
   }
 }
 
-__global__ void argmax_kernel(const float* logits, int64_t vocab, int32_t* next) {
-  __shared__ float s_v[kWarp];
-  __shared__ int s_i[kWarp];
-  const float* row = logits + blockIdx.x * vocab;
+// Grid (chunk, row): each block finds the best of its kArgmaxChunk logits with all its loads in flight, and the
+// block that arrives last at the row's counter merges the chunks' winners and resets the counter. With tokens,
+// that block also feeds the winner back for the next greedy step: tokens[b] = next[b], pos[b] += 1.
+__global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(const float* logits, int64_t vocab,
+                                                                ArgmaxScratch scratch, int32_t* next,
+                                                                int32_t* tokens, int32_t* pos) {
+  __shared__ float s_v[kArgmaxThreads / kWarp];
+  __shared__ int s_i[kArgmaxThreads / kWarp];
+  __shared__ bool s_last;
+  const int b = blockIdx.y, chunk = blockIdx.x, chunks = gridDim.x;
+  const float* row = logits + b * vocab;
+  const int64_t begin = chunk * kArgmaxChunk, end = begin + kArgmaxChunk < vocab ? begin + kArgmaxChunk : vocab;
   float v = -INFINITY;
   int idx = INT_MAX;
-  // 16-byte loads, several in flight per thread, when rows stay 16-byte aligned (vocab a multiple of 4).
-  const int64_t vec = vocab % 4 == 0 ? vocab / 4 : 0;
-#pragma unroll 4
-  for (int64_t j = threadIdx.x; j < vec; j += blockDim.x) {
-    const float4 q = reinterpret_cast<const float4*>(row)[j];
-    const int base = static_cast<int>(4 * j);
-    keep_best(v, idx, q.x, base);
-    keep_best(v, idx, q.y, base + 1);
-    keep_best(v, idx, q.z, base + 2);
-    keep_best(v, idx, q.w, base + 3);
+  if (vocab % 4 == 0) {  // rows stay 16-byte aligned: float4 loads
+    float4 q[kArgmaxVecs];
+#pragma unroll
+    for (int r = 0; r < kArgmaxVecs; ++r) {
+      const int64_t j = begin + 4 * (threadIdx.x + r * kArgmaxThreads);
+      q[r] = j < end ? *reinterpret_cast<const float4*>(row + j) : float4{};
+    }
+#pragma unroll
+    for (int r = 0; r < kArgmaxVecs; ++r) {
+      const int64_t j = begin + 4 * (threadIdx.x + r * kArgmaxThreads);
+      if (j >= end) continue;
+      const int base = static_cast<int>(j);
+      keep_best(v, idx, q[r].x, base);
+      keep_best(v, idx, q[r].y, base + 1);
+      keep_best(v, idx, q[r].z, base + 2);
+      keep_best(v, idx, q[r].w, base + 3);
+    }
+  } else {
+    for (int64_t j = begin + threadIdx.x; j < end; j += kArgmaxThreads) keep_best(v, idx, row[j], static_cast<int>(j));
   }
-  for (int64_t j = 4 * vec + threadIdx.x; j < vocab; j += blockDim.x) keep_best(v, idx, row[j], static_cast<int>(j));
-  for (int o = kWarp / 2; o > 0; o /= 2)
-    keep_best(v, idx, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, idx, o));
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const auto warp_best = [&] {
+    for (int o = kWarp / 2; o > 0; o /= 2)
+      keep_best(v, idx, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, idx, o));
+  };
+  warp_best();
   if (lane == 0) {
     s_v[warp] = v;
     s_i[warp] = idx;
   }
   __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int w = 1; w < static_cast<int>(blockDim.x / kWarp); ++w) keep_best(v, idx, s_v[w], s_i[w]);
-    next[blockIdx.x] = idx == INT_MAX ? 0 : idx;
+  if (warp != 0) return;
+  v = lane < kArgmaxThreads / kWarp ? s_v[lane] : -INFINITY;
+  idx = lane < kArgmaxThreads / kWarp ? s_i[lane] : INT_MAX;
+  warp_best();
+  if (chunks > 1) {
+    const int64_t at = static_cast<int64_t>(b) * chunks + chunk;
+    if (lane == 0) {
+      scratch.values[at] = v;
+      scratch.indices[at] = idx;
+      __threadfence();  // this block's winner is visible before it counts itself in
+      s_last = atomicAdd(scratch.counters + b, 1u) == static_cast<unsigned>(chunks - 1);
+    }
+    __syncwarp();
+    if (!s_last) return;
+    __threadfence();
+    v = -INFINITY;
+    idx = INT_MAX;
+    for (int c = lane; c < chunks; c += kWarp) {
+      const int64_t from = static_cast<int64_t>(b) * chunks + c;
+      keep_best(v, idx, __ldcg(scratch.values + from), __ldcg(scratch.indices + from));
+    }
+    warp_best();
   }
-}
-
-__global__ void advance_kernel(const int32_t* next, int32_t* tokens, int32_t* pos, int batch) {
-  const int b = threadIdx.x;
-  if (b < batch) {
-    tokens[b] = next[b];
-    pos[b] += 1;
+  if (lane == 0) {
+    const int32_t winner = idx == INT_MAX ? 0 : idx;
+    next[b] = winner;
+    if (tokens) {
+      tokens[b] = winner;
+      pos[b] += 1;
+    }
+    if (chunks > 1) scratch.counters[b] = 0u;
   }
 }
 
@@ -316,9 +439,13 @@ void launch_embed_gather(const void* table, ElemType type, int64_t vocab, int64_
                                                                                          tokens, x);
 }
 
+bool rmsnorm_supports(int64_t n) { return n > 0 && n % 4 == 0 && n <= 4 * 4 * 1024; }
+
 void launch_rmsnorm(float* x, const float* delta, const float* weight, float* out, int batch, int64_t n, float eps,
                     CUstream_st* stream) {
-  rmsnorm_kernel<<<batch, block_for(n / 4), 0, stream>>>(x, delta, weight, out, n, eps);
+  const int n4 = static_cast<int>(n / 4), threads = block_for(n4), vecs = (n4 + threads - 1) / threads;
+  const auto kernel = vecs == 1 ? rmsnorm_kernel<1> : vecs == 2 ? rmsnorm_kernel<2> : rmsnorm_kernel<4>;
+  kernel<<<batch, threads, 0, stream>>>(x, delta, weight, out, n4, eps);
 }
 
 void launch_qkv_prepare(const QkvArgs& a, const KvLayer& kv, const int32_t* pos, const int32_t* slot, int batch,
@@ -329,17 +456,16 @@ void launch_qkv_prepare(const QkvArgs& a, const KvLayer& kv, const int32_t* pos,
 }
 
 int attention_splits(int64_t capacity) {
-  const int64_t splits = (capacity + kPositionsPerSplit - 1) / kPositionsPerSplit;
+  const int64_t splits = (capacity + kMinSplitPositions - 1) / kMinSplitPositions;
   return static_cast<int>(splits < 1 ? 1 : (splits > kAttentionSplits ? kAttentionSplits : splits));
 }
 
-void launch_decode_attention(const float* q, int64_t q_stride, const KvLayer& kv, const int32_t* pos,
-                             const int32_t* slot, int n_heads, int n_kv_heads, int head_dim, int batch,
-                             const AttentionScratch& scratch, float* out, CUstream_st* stream) {
+void launch_decode_attention(const QkvArgs& a, const KvLayer& kv, const int32_t* pos, const int32_t* slot, int batch,
+                             bool prepare, const AttentionScratch& scratch, float* out, CUstream_st* stream) {
   const int splits = attention_splits(kv.capacity);
-  const dim3 grid(static_cast<unsigned>(n_heads), static_cast<unsigned>(batch), static_cast<unsigned>(splits));
-  decode_attention_kernel<<<grid, kAttnWarps * kWarp, 0, stream>>>(q, q_stride, kv, pos, slot, n_heads, n_kv_heads,
-                                                                   head_dim, splits, scratch, out);
+  const dim3 grid(static_cast<unsigned>(a.n_heads), static_cast<unsigned>(batch), static_cast<unsigned>(splits));
+  const auto kernel = prepare ? decode_attention_kernel<true> : decode_attention_kernel<false>;
+  kernel<<<grid, kAttnWarps * kWarp, 0, stream>>>(a, kv, pos, slot, splits, scratch, out);
 }
 
 void launch_swiglu(const float* gate, const float* up, int64_t stride, float* out, int batch, int64_t hidden,
@@ -350,12 +476,12 @@ void launch_swiglu(const float* gate, const float* up, int64_t stride, float* ou
                                                                                           hidden, total);
 }
 
-void launch_argmax(const float* logits, int64_t vocab, int batch, int32_t* next, CUstream_st* stream) {
-  argmax_kernel<<<batch, 1024, 0, stream>>>(logits, vocab, next);
-}
+int argmax_blocks(int64_t vocab) { return static_cast<int>((vocab + kArgmaxChunk - 1) / kArgmaxChunk); }
 
-void launch_advance(const int32_t* next, int32_t* tokens, int32_t* pos, int batch, CUstream_st* stream) {
-  advance_kernel<<<1, kWarp, 0, stream>>>(next, tokens, pos, batch);
+void launch_argmax(const float* logits, int64_t vocab, int batch, const ArgmaxScratch& scratch, int32_t* next,
+                   int32_t* tokens, int32_t* pos, CUstream_st* stream) {
+  const dim3 grid(static_cast<unsigned>(argmax_blocks(vocab)), static_cast<unsigned>(batch));
+  argmax_kernel<<<grid, kArgmaxThreads, 0, stream>>>(logits, vocab, scratch, next, tokens, pos);
 }
 
 }  // namespace lowbit::kernels::cuda

@@ -22,6 +22,9 @@ enum class ElemType : uint8_t { f32, f16, bf16 };
 void launch_embed_gather(const void* table, ElemType type, int64_t vocab, int64_t dim, const int32_t* tokens,
                          int batch, float* x, CUstream_st* stream);
 
+// Whether launch_rmsnorm takes rows of n elements (a multiple of 4, at most 16384).
+bool rmsnorm_supports(int64_t n);
+
 // out [batch, n] = weight * x / rms(x), row by row. With `delta`, first x += delta (the residual add) in place.
 void launch_rmsnorm(float* x, const float* delta, const float* weight, float* out, int batch, int64_t n, float eps,
                     CUstream_st* stream);
@@ -65,24 +68,34 @@ struct AttentionScratch {
   uint32_t* counters = nullptr;  // [batch * n_heads]
 };
 
-// How many blocks split the positions of a cache of `capacity` (1..kAttentionSplits, fixed per capacity).
+// The most blocks that split the positions of a cache of `capacity` (1..kAttentionSplits, fixed per capacity).
 int attention_splits(int64_t capacity);
 
-// out [batch, n_heads * head_dim]: causal GQA attention of q (as rotated above) over cache positions
-// 0..pos[b] of slot[b]; softmax of q.k / sqrt(head_dim) in f32 (online, so any context length), the positions
-// split over attention_splits(kv.capacity) blocks per (row, head) that merge through `scratch`.
-void launch_decode_attention(const float* q, int64_t q_stride, const KvLayer& kv, const int32_t* pos,
-                             const int32_t* slot, int n_heads, int n_kv_heads, int head_dim, int batch,
-                             const AttentionScratch& scratch, float* out, CUstream_st* stream);
+// out [batch, n_heads * head_dim]: causal GQA attention of each row's q over cache positions 0..pos[b] of
+// slot[b]; softmax of q.k / sqrt(head_dim) in f32 (online, so any context length). Long contexts split their
+// positions over up to attention_splits(kv.capacity) blocks per (row, head), at least 128 positions each, that
+// merge through `scratch`. Without `prepare`, q is as launch_qkv_prepare left it and the cache holds position
+// pos[b]; with it, the kernel does launch_qkv_prepare's work itself (one launch fewer), which needs every row in
+// a distinct slot: a row then never reads a position that another row of the launch appends.
+void launch_decode_attention(const QkvArgs& a, const KvLayer& kv, const int32_t* pos, const int32_t* slot, int batch,
+                             bool prepare, const AttentionScratch& scratch, float* out, CUstream_st* stream);
 
 // out [batch, hidden] = silu(gate) * up, gate and up rows strided by `stride`.
 void launch_swiglu(const float* gate, const float* up, int64_t stride, float* out, int batch, int64_t hidden,
                    CUstream_st* stream);
 
-// next[b] = argmax of logits [batch, vocab] row b (the lowest id on ties).
-void launch_argmax(const float* logits, int64_t vocab, int batch, int32_t* next, CUstream_st* stream);
+// Scratch of the argmax's split of a row over argmax_blocks(vocab) blocks: their winners [batch * blocks] and
+// one arrival counter per row, zeroed once at allocation (every launch leaves the counters zero).
+struct ArgmaxScratch {
+  float* values = nullptr;
+  int32_t* indices = nullptr;
+  uint32_t* counters = nullptr;  // [batch]
+};
+int argmax_blocks(int64_t vocab);
 
-// Greedy feedback for a decode loop that stays on the device: tokens[b] = next[b], pos[b] += 1.
-void launch_advance(const int32_t* next, int32_t* tokens, int32_t* pos, int batch, CUstream_st* stream);
+// next[b] = argmax of logits [batch, vocab] row b (the lowest id on ties). With `tokens` and `pos`, also the
+// greedy feedback of a decode loop that stays on the device: tokens[b] = next[b], pos[b] += 1.
+void launch_argmax(const float* logits, int64_t vocab, int batch, const ArgmaxScratch& scratch, int32_t* next,
+                   int32_t* tokens, int32_t* pos, CUstream_st* stream);
 
 }  // namespace lowbit::kernels::cuda

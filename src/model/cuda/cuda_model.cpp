@@ -204,10 +204,13 @@ struct CudaModel::Impl {
   // gu [B, 2 hidden]; hb [B, hidden]; logits [B, vocab]; per-row tokens, positions, slots, argmax.
   kc::DeviceBuffer x, xb, qkv, att, proj, gu, hb, logits, tokens, pos, slot, next;
   kc::DeviceBuffer attention_partials, attention_counters;  // the decode attention's split scratch
+  kc::DeviceBuffer argmax_values, argmax_indices, argmax_counters;  // the argmax's split scratch
   cudaStream_t stream = nullptr;
-  std::array<cudaGraphExec_t, kc::kMaxBatch + 1> graphs{};
+  // One graph per batch size and per slot pattern (distinct or shared slots), captured at first use.
+  std::array<std::array<cudaGraphExec_t, 2>, kc::kMaxBatch + 1> graphs{};
   std::vector<int32_t> host_pos, host_slot;  // as last uploaded, for range checks
   int last_batch = 0;
+  bool distinct_slots = true;  // no two rows of the last inputs share a slot
   uint64_t bytes = 0;
   unsigned skipped = 0;  // StepPart bits left out (timing only)
   bool on(StepPart part) const { return !(skipped & part); }
@@ -221,11 +224,12 @@ struct CudaModel::Impl {
   int32_t* i(const kc::DeviceBuffer& b) const { return b.as<int32_t>(); }
 
   void drop_graphs() {
-    for (auto& g : graphs)
-      if (g) {
-        cudaGraphExecDestroy(g);
-        g = nullptr;
-      }
+    for (auto& by_slots : graphs)
+      for (auto& g : by_slots)
+        if (g) {
+          cudaGraphExecDestroy(g);
+          g = nullptr;
+        }
   }
 
   void allocate_activations() {
@@ -245,6 +249,14 @@ struct CudaModel::Impl {
     attention_counters = kc::DeviceBuffer(checked_mul(static_cast<uint64_t>(o.max_batch) * sizeof(uint32_t),
                                                       static_cast<uint64_t>(c.n_heads), "[cuda_model] activations"));
     attention_counters.fill(0);
+    const auto per_row = [&](int64_t n, size_t elem) {
+      return kc::DeviceBuffer(checked_mul(static_cast<uint64_t>(o.max_batch) * elem, static_cast<uint64_t>(n),
+                                          "[cuda_model] activations"));
+    };
+    argmax_values = per_row(kc::argmax_blocks(c.vocab), sizeof(float));
+    argmax_indices = per_row(kc::argmax_blocks(c.vocab), sizeof(int32_t));
+    argmax_counters = per_row(1, sizeof(uint32_t));
+    argmax_counters.fill(0);
     for (auto* b : {&tokens, &pos, &slot, &next}) {
       *b = kc::DeviceBuffer(kc::kMaxBatch * sizeof(int32_t));
       b->fill(0);
@@ -270,6 +282,10 @@ struct CudaModel::Impl {
     }
     o.capacity = capacity;
     kc::synchronize("cuda_model reserve");  // the fills ran on the default stream
+  }
+
+  kc::ArgmaxScratch argmax_scratch() const {
+    return {f(argmax_values), i(argmax_indices), argmax_counters.as<uint32_t>()};
   }
 
   kc::KvLayer kv(const Layer& w) const { return {w.keys.data(), w.values.data(), elem_type(o.kv_type), o.capacity}; }
@@ -315,10 +331,11 @@ struct CudaModel::Impl {
       w.wk->matmul(f(xb), batch, k, stream);
       w.wv->matmul(f(xb), batch, k + o.max_batch * c.kv_dim(), stream);
     }
-    if (on(kPartRope)) kc::launch_qkv_prepare(a, kv(w), i(pos), i(slot), batch, stream);
+    // Rows in distinct slots (decode) let the attention kernel prepare q, k and v itself.
+    if (on(kPartRope) && !distinct_slots) kc::launch_qkv_prepare(a, kv(w), i(pos), i(slot), batch, stream);
     if (on(kPartAttention))
-      kc::launch_decode_attention(a.q, a.q_stride, kv(w), i(pos), i(slot), a.n_heads, a.n_kv_heads, a.head_dim,
-                                  batch, {f(attention_partials), attention_counters.as<uint32_t>()}, f(att), stream);
+      kc::launch_decode_attention(a, kv(w), i(pos), i(slot), batch, distinct_slots && on(kPartRope),
+                                  {f(attention_partials), attention_counters.as<uint32_t>()}, f(att), stream);
     w.wo->matmul(f(att), batch, f(proj), stream);
   }
 
@@ -359,8 +376,9 @@ struct CudaModel::Impl {
   // The first step of a batch size runs eagerly (loading modules), then its graph is captured for later steps.
   void run_step(int batch) {
     if (!o.use_graphs) return enqueue_step(batch);
-    if (graphs[batch]) {
-      check(cudaGraphLaunch(graphs[batch], stream), "graph launch");
+    cudaGraphExec_t& exec = graphs[batch][distinct_slots ? 1 : 0];
+    if (exec) {
+      check(cudaGraphLaunch(exec, stream), "graph launch");
       return;
     }
     enqueue_step(batch);
@@ -374,7 +392,7 @@ struct CudaModel::Impl {
       throw;
     }
     check(cudaStreamEndCapture(stream, &graph), "end capture");
-    const cudaError_t status = cudaGraphInstantiate(&graphs[batch], graph, 0);
+    const cudaError_t status = cudaGraphInstantiate(&exec, graph, 0);
     cudaGraphDestroy(graph);
     check(status, "graph instantiate");
   }
@@ -396,6 +414,9 @@ struct CudaModel::Impl {
     check(cudaMemcpyAsync(slot.data(), s.data(), bytes, cudaMemcpyHostToDevice, stream), "upload slots");
     host_pos.assign(p.begin(), p.end());
     host_slot.assign(s.begin(), s.end());
+    std::vector<int32_t> sorted = host_slot;
+    std::sort(sorted.begin(), sorted.end());
+    distinct_slots = std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end();
     last_batch = static_cast<int>(n);
   }
 };
@@ -412,6 +433,8 @@ CudaModel::CudaModel(const ModelConfig& config, const TensorLookup& lookup, cons
   if (m.o.slots < 1) fail(Errc::usage, "[cuda_model] {} KV slots", m.o.slots);
   if (c.head_dim > 256 || c.head_dim % 2 != 0)
     fail(Errc::unsupported, "[cuda_model] head_dim {} (the GPU attention takes even head_dim <= 256)", c.head_dim);
+  if (!kc::rmsnorm_supports(c.dim))
+    fail(Errc::unsupported, "[cuda_model] dim {} (the GPU RMSNorm takes multiples of 4 up to 16384)", c.dim);
   std::string why;
   if (!kc::device_available(&why)) fail(Errc::unsupported, "[cuda_model] no usable CUDA device: {}", why);
   check(cudaStreamCreateWithFlags(&m.stream, cudaStreamNonBlocking), "stream");
@@ -457,8 +480,8 @@ void CudaModel::decode_greedy(int batch, int64_t steps) {
     fail(Errc::limit, "[cuda_model] {} steps from position {} exceed the context of {}", steps, last, m.o.capacity);
   for (int64_t s = 0; s < steps; ++s) {
     m.run_step(batch);
-    kc::launch_argmax(m.f(m.logits), m.c.vocab, batch, m.i(m.next), m.stream);
-    kc::launch_advance(m.i(m.next), m.i(m.tokens), m.i(m.pos), batch, m.stream);
+    kc::launch_argmax(m.f(m.logits), m.c.vocab, batch, m.argmax_scratch(), m.i(m.next), m.i(m.tokens), m.i(m.pos),
+                      m.stream);
   }
   kc::check_last_error("cuda_model decode_greedy");
   for (int b = 0; b < batch; ++b) m.host_pos[b] += static_cast<int32_t>(steps);
@@ -477,7 +500,7 @@ void CudaModel::download_logits(int row_begin, int row_end, float* out) const {
 
 void CudaModel::argmax(int batch, std::span<int32_t> out) const {
   const Impl& m = *impl_;
-  kc::launch_argmax(m.f(m.logits), m.c.vocab, batch, m.i(m.next), m.stream);
+  kc::launch_argmax(m.f(m.logits), m.c.vocab, batch, m.argmax_scratch(), m.i(m.next), nullptr, nullptr, m.stream);
   kc::check_last_error("cuda_model argmax");
   check(cudaMemcpyAsync(out.data(), m.next.data(), batch * sizeof(int32_t), cudaMemcpyDeviceToHost, m.stream),
         "download argmax");
