@@ -1,30 +1,91 @@
 // Affine 2/4-bit decode matmul on tensor cores, batch 1..16 (layout: AffineMmaDevice in matvec.h).
 //
-// A warp owns two 16-row tiles and a share of the k-blocks; the block's warps split K and add their partial
-// sums in shared memory at the end. Per k16 step a lane turns its code word into mma A fragments with one
-// shift and one LOP3 per register pair (the code q under the exponent of the bf16 128.0 gives exactly 128 + q),
-// builds the B fragments (activations split into bf16 hi + lo, so the products keep f32 accuracy) once for both
-// tiles, and issues one mma.sync m16n8k16 per tile and 8-column n-tile, plus one with an all-ones A that yields
-// the group's activation sums in the accumulator layout. Per group segment, with C = sum (128 + q) x and
-// Sx = sum x:  sum (s q + b) x = s C + (b - 128 s) Sx.
-// Batch 1..4 fits one n-tile (columns 0-3 hi, 4-7 lo), so a batch-1 call costs the same tensor-core work as a
-// batch-4 one; 8 and 16 take 2 and 4 n-tiles. The weights are read once, 16 bytes per lane per load.
+// A block of kBlockWarps warps owns kBlockRows rows (each warp two 16-row tiles) and one contiguous share of
+// the k-blocks; when there are too few row blocks to fill the GPU, K is split over a cluster of up to 8 blocks
+// that add their partial sums through distributed shared memory at the end. The block walks its K share in
+// stages of KC columns through a ring of P shared-memory slots filled by cp.async, P - 1 stages ahead: each
+// lane copies its own 16-byte code words (and the warp its group meta), the block the stage's activations, so
+// the weights stream at full depth while registers hold only one stage's fragments.
+//
+// Per stage the block turns the activations into mma B fragments once, for all its warps: x is split into bf16
+// hi + lo parts (x = hi + lo within 2^-17 relative, so the products keep f32 accuracy) and the group sums
+// Sx = sum (hi + lo) go to shared memory beside them. Per k16 step a lane turns its code word into A fragments
+// with one shift and one LOP3 per register pair (the code q in the top mantissa bits of the bf16 2.0 gives
+// exactly 2 + q / K, K = 8 for 4 bits and 2 for 2 bits) and issues one mma.sync m16n8k16 per tile and n-tile;
+// per group, with C = sum (2 + q / K) x,
+//   sum (s q + b) x = s K C + (b - 2 s K) Sx.
+// The offset 2 keeps the cancellation of the Sx terms small (an offset of 128 cost 2-bit rows about 2e-5 relative
+// error from f32 accumulation alone).
+// Batch 1..4 fits one n-tile (columns 0-3 hi, 4-7 lo); 8 and 16 take 2 and 4 (hi tiles, then lo tiles).
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
+#include <cuda_runtime.h>
 
-#include "kernels/cuda/matvec.cuh"
+#include "kernels/cuda/matvec.h"
 
 namespace lowbit::kernels::cuda {
 namespace {
 
-constexpr int kTiles = kMmaRows / 16;
-constexpr int kMaxWarps = 16;
-constexpr uint32_t kOnes = 0x3F803F80u;  // bf16 pair (1, 1)
+constexpr int kBlockWarps = 4;
+constexpr int kBlockThreads = kBlockWarps * 32;
+constexpr int kBlockTiles = kBlockWarps * kMmaRows / 16;
+constexpr int kBlockRows = kBlockWarps * kMmaRows;
+constexpr int kMaxSplit = 8;  // the portable cluster size
 
-__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+// Per bit width B and batch width W (4, 8 or 16).
+template <int B, int W>
+struct Config {
+  static constexpr int NT = W == 4 ? 1 : W / 4;   // n-tiles: hi and lo parts of W activation rows
+  static constexpr int NA = W == 16 ? 2 : 1;      // accumulator n-tiles (hi + lo added per group)
+  static constexpr int KC = W == 16 ? 128 : 256;  // columns per stage
+  static constexpr int P = W == 16 ? 4 : 3;       // ring slots
+  static constexpr int KBS = KC * B / 256;        // k-blocks per stage
+  static constexpr int SB = 16 / B;               // k16 steps per k-block
+  static constexpr int S = KC / 16;               // k16 steps per stage
+  static constexpr int kCodeWords = KBS * 2 * 32;  // uint4 per warp and slot
+  static constexpr int kItems = S * W * 4 / kBlockThreads;  // conversion items per thread
+  // Shared-memory layout: codes, activations, fragments, group sums, partial sums, then the meta slots.
+  static constexpr int kCodesOff = 0;
+  static constexpr int kXOff = kCodesOff + P * kBlockWarps * kCodeWords * 16;
+  static constexpr int kFragOff = kXOff + P * W * KC * 4;
+  static constexpr int kSxOff = kFragOff + S * NT * 32 * 8;
+  static constexpr int kPartialOff = kSxOff + KC / 32 * W * 4;
+  static constexpr int kMetaOff = kPartialOff + kBlockRows * W * 4;
+  static constexpr int kMaxMetaSlotWords = 2 * (KC / 32) * 16 * 2;
+  static constexpr int kMaxBytes = kMetaOff + P * kBlockWarps * kMaxMetaSlotWords * 4;
+};
+
+struct MmaArgs {
+  const uint4* codes;
+  const uint32_t* meta;
+  int64_t rows, cols, row_tiles, kblocks, groups;  // groups per padded row
+  int group_log2;
+  bool meta_f32;
+  bool x_vector;          // x rows are 16-byte aligned: 16-byte copies
+  int stages_per_split;   // stages of each block's K share
+  int meta_slot_words;    // meta words per warp and slot: 2 tiles x groups per stage x 16 rows
+};
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, int bytes = 16) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(dst)), "l"(src), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async4(void* dst, const void* src, int bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(smem_addr(dst)), "l"(src), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint2 b) {
   asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
       "{%0, %1, %2, %3};"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b.x), "r"(b.y));
 }
 
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
@@ -32,292 +93,325 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
-// (hi, lo) bf16 pairs with hi + lo = (f0, f1) to within 2^-17 relative.
-__device__ __forceinline__ void split_pair(float f0, float f1, uint32_t& hi, uint32_t& lo) {
+// (hi, lo) bf16 pairs with hi + lo = (f0, f1) to within 2^-17 relative; returns the sum of the represented values.
+__device__ __forceinline__ float split_pair(float f0, float f1, uint32_t& hi, uint32_t& lo) {
   hi = pack_bf16(f0, f1);
-  lo = pack_bf16(f0 - __uint_as_float(hi << 16), f1 - __uint_as_float(hi & 0xFFFF0000u));
+  const float h0 = __uint_as_float(hi << 16), h1 = __uint_as_float(hi & 0xFFFF0000u);
+  lo = pack_bf16(f0 - h0, f1 - h1);
+  return (h0 + __uint_as_float(lo << 16)) + (h1 + __uint_as_float(lo & 0xFFFF0000u));
 }
 
-// A fragment register i of k16 step j from the lane's 16 bytes (matvec.h): bf16 pairs 128 + q.
+// The code scale K: a code q enters the product as the bf16 2 + q / K.
 template <int B>
-__device__ __forceinline__ void decode_a(const uint32_t (&w)[4], int j, uint32_t (&a)[4]) {
+constexpr float kCodeScale = B == 4 ? 8.0f : 2.0f;
+
+// A fragment register i of k16 step j from the lane's 16 bytes (matvec.h): bf16 pairs 2 + q / K, the code moved
+// from bit `at` (and at + 16) to the top of the mantissa (bits 3-6 for 4 bits, 5-6 for 2 bits).
+template <int B>
+__device__ __forceinline__ void decode_a(const uint4& v, int j, uint32_t (&a)[4]) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+  constexpr int kTop = 7 - B;
+  constexpr uint32_t kMask = ((1u << B) - 1) << kTop;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    if constexpr (B == 4) {
-      a[i] = ((w[j] >> (4 * i)) & 0x000F000Fu) | 0x43004300u;
-    } else {
-      a[i] = ((w[j / 2] >> (2 * (4 * (j % 2) + i))) & 0x00030003u) | 0x43004300u;
-    }
+    const uint32_t word = B == 4 ? w[j] : w[j / 2];
+    const int at = B == 4 ? 4 * i : 2 * (4 * (j % 2) + i);
+    const uint32_t moved = at >= kTop ? word >> (at - kTop) : word << (kTop - at);
+    a[i] = (moved & (kMask | kMask << 16)) | 0x40004000u;
   }
 }
 
-struct MmaArgs {
-  const uint4* codes;
-  const uint32_t* meta;
-  int64_t rows, cols, kblocks, groups;  // groups per padded row
-  int group_log2;
-  bool meta_f32;
-};
+// Fragment slot of lane `lane` in k16 step j: rows of lanes swizzled by the step, so that the conversion's
+// stores (one activation row, eight steps per warp) spread over the banks; readers stay conflict-free.
+__device__ __forceinline__ int frag_lane(int lane, int j) { return lane ^ ((j & 7) << 2); }
 
-// Batch width W (4, 8 or 16): n-tiles NT and source activation rows per lane NS.
-template <int W>
-struct Batch {
-  static constexpr int NT = W == 4 ? 1 : W / 4;
-  static constexpr int NS = W == 4 ? 1 : W / 8;
-};
-
-// k-blocks per stage (two stages in flight): as many as the 128 registers hold.
-template <int B, int W>
-constexpr int unroll() {
-  return W == 4 && B == 4 ? 2 : 1;
-}
-
-// B fragments of k16 step at column k0 for every n-tile.
-template <int W>
-__device__ __forceinline__ void load_b(const float* __restrict__ x, int64_t cols, int m, int64_t k0, int g, int t,
-                                       uint32_t (&b)[Batch<W>::NT][2]) {
-  constexpr int NS = Batch<W>::NS;
-  const bool vector = cols % 2 == 0 && k0 + 16 <= cols;
-#pragma unroll
-  for (int s = 0; s < NS; ++s) {
-    const int src = W == 4 ? (g & 3) : g + 8 * s;
-    float f[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    if (src < m) {
-      const float* xr = x + src * cols + k0 + 2 * t;
-      if (vector) {
-        const float2 v0 = __ldg(reinterpret_cast<const float2*>(xr));
-        const float2 v1 = __ldg(reinterpret_cast<const float2*>(xr + 8));
-        f[0] = v0.x, f[1] = v0.y, f[2] = v1.x, f[3] = v1.y;
-      } else {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int64_t k = k0 + 2 * t + (e & 1) + 8 * (e >> 1);
-          if (k < cols) f[e] = __ldg(xr + (e & 1) + 8 * (e >> 1));
-        }
-      }
-    }
-    uint32_t hi[2], lo[2];
-    split_pair(f[0], f[1], hi[0], lo[0]);
-    split_pair(f[2], f[3], hi[1], lo[1]);
-    if constexpr (W == 4) {
-      const bool part_lo = g >= 4;
-      b[0][0] = part_lo ? lo[0] : hi[0];
-      b[0][1] = part_lo ? lo[1] : hi[1];
-    } else {
-      b[s][0] = hi[0], b[s][1] = hi[1];
-      b[NS + s][0] = lo[0], b[NS + s][1] = lo[1];
-    }
-  }
-}
-
-// The (scale, bias) entries of the groups a k-block touches, [segs][16 rows] consecutive in the meta array,
-// spread over the lanes (entry e in lane e % 32, register e / 32) and loaded together with the codes, so no
-// dependent load waits inside the decode loop; f32 meta takes two words per entry.
+// (K scale, bias - 2 K scale) of row `row` (0..15) of tile r, group q of the stage.
 template <int B>
-struct BlockMeta {
-  static constexpr int kRegs = B == 2 ? 2 : 1;  // 128 / 32 groups x 16 rows / 32 lanes at most
-  uint2 v[kRegs];
-
-  __device__ void load(const MmaArgs& a, int64_t tile, int64_t kb, int lane) {
-    constexpr int KB = 256 / B;
-    const int64_t first = (kb * KB) >> a.group_log2;
-    const int entries = 16 * (KB > (1 << a.group_log2) ? KB >> a.group_log2 : 1);
-    const int64_t base = (tile * a.groups + first) * 16;
-#pragma unroll
-    for (int r = 0; r < kRegs; ++r) {
-      const int e = 32 * r + lane;
-      if (e >= entries) continue;
-      if (a.meta_f32) {
-        v[r] = __ldg(reinterpret_cast<const uint2*>(a.meta) + base + e);
-      } else {
-        v[r].x = __ldg(a.meta + base + e);
-      }
-    }
+__device__ __forceinline__ float2 meta_get(const MmaArgs& a, const uint32_t* ms, int groups_per_stage, int r, int q,
+                                           int row) {
+  const int e = (r * groups_per_stage + q) * 16 + row;
+  float s, b;
+  if (a.meta_f32) {
+    s = __uint_as_float(ms[2 * e]), b = __uint_as_float(ms[2 * e + 1]);
+  } else {
+    const uint32_t pair = ms[e];
+    s = __uint_as_float(pair << 16), b = __uint_as_float(pair & 0xFFFF0000u);
   }
-
-  // (scale, bias - 128 scale) of row `row` (0..15) in segment `seg` of the k-block; all lanes call it.
-  __device__ float2 get(const MmaArgs& a, int seg, int row) const {
-    const int e = 16 * seg + row;
-    const uint2 mine = kRegs == 2 && e >= 32 ? v[kRegs - 1] : v[0];
-    float s, b;
-    if (a.meta_f32) {
-      s = __uint_as_float(__shfl_sync(0xFFFFFFFFu, mine.x, e % 32));
-      b = __uint_as_float(__shfl_sync(0xFFFFFFFFu, mine.y, e % 32));
-    } else {
-      const uint32_t pair = __shfl_sync(0xFFFFFFFFu, mine.x, e % 32);
-      s = __uint_as_float(pair << 16), b = __uint_as_float(pair & 0xFFFF0000u);
-    }
-    return {s, fmaf(-128.0f, s, b)};
-  }
-};
-
-// The codes and meta of U consecutive k-blocks for the warp's tiles: one set of loads in flight.
-template <int B, int U>
-struct Stage {
-  uint32_t w[U][kTiles][4];
-  BlockMeta<B> meta[U][kTiles];
-
-  __device__ void load(const MmaArgs& a, int64_t tile0, int64_t kb0, int lane) {
-#pragma unroll
-    for (int u = 0; u < U; ++u)
-#pragma unroll
-      for (int r = 0; r < kTiles; ++r) {
-        if (kb0 + u < a.kblocks) {
-          load_stream(reinterpret_cast<const uint32_t*>(a.codes + ((tile0 + r) * a.kblocks + kb0 + u) * 32 + lane), w[u][r]);
-          meta[u][r].load(a, tile0 + r, kb0 + u, lane);
-        }
-      }
-  }
-};
-
-// Pulls the activations of a stage's k-blocks into L1 (128-byte lines, at most 64 per stage: W rows x 4 lines)
-// one stage ahead: a warp's K share is its own, so without this most x loads would wait on L2 in the decode.
-template <int B, int W, int U>
-__device__ __forceinline__ void prefetch_x(const MmaArgs& a, const float* x, int m, int64_t kb0, int lane) {
-  constexpr int kLines = U * (256 / B) / 32;  // 128-byte lines per activation row and stage
-  static_assert(kLines * W <= 64);
-  const int64_t k0 = kb0 * (256 / B);
-#pragma unroll
-  for (int l = lane; l < kLines * W; l += 32) {
-    const int row = l / kLines;
-    const int64_t k = k0 + 32 * (l % kLines);
-    if (row < m && k < a.cols) asm volatile("prefetch.global.L1 [%0];" ::"l"(x + row * a.cols + k));
-  }
+  const float sk = kCodeScale<B> * s;
+  return {sk, fmaf(-2.0f, sk, b)};
 }
 
-// acc += the stage's k-blocks times x, for both tiles and every n-tile.
-template <int B, int W, int U>
-__device__ __forceinline__ void compute_stage(const MmaArgs& a, const Stage<B, U>& st, int64_t kb0,
-                                              const float* __restrict__ x, int m, int g, int t, int seg_log2,
-                                              float (&acc)[kTiles][Batch<W>::NT][4]) {
-  constexpr int NT = Batch<W>::NT;
-  constexpr int S = 16 / B;   // k16 steps per k-block
-  constexpr int KB = 16 * S;  // columns per k-block
-#pragma unroll
-  for (int u = 0; u < U; ++u) {
-    if (kb0 + u >= a.kblocks) break;
-    float c[kTiles][NT][4], sx[NT][4];
-#pragma unroll
-    for (int n = 0; n < NT; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        sx[n][e] = 0.0f;
-#pragma unroll
-        for (int r = 0; r < kTiles; ++r) c[r][n][e] = 0.0f;
-      }
-#pragma unroll
-    for (int j = 0; j < S; ++j) {
-      const int64_t k0 = (kb0 + u) * KB + 16 * j;
-      uint32_t bf[NT][2];
-      load_b<W>(x, a.cols, m, k0, g, t, bf);
-      const uint32_t ones[4] = {kOnes, kOnes, kOnes, kOnes};
-#pragma unroll
-      for (int n = 0; n < NT; ++n) mma_bf16(sx[n], ones, bf[n]);
-#pragma unroll
-      for (int r = 0; r < kTiles; ++r) {
-        uint32_t af[4];
-        decode_a<B>(st.w[u][r], j, af);
-#pragma unroll
-        for (int n = 0; n < NT; ++n) mma_bf16(c[r][n], af, bf[n]);
-      }
-      if (((j + 1) & ((1 << seg_log2) - 1)) == 0) {  // end of a group segment: scale and clear
-        const int seg = j >> seg_log2;
-#pragma unroll
-        for (int r = 0; r < kTiles; ++r) {
-          const float2 m0 = st.meta[u][r].get(a, seg, g), m1 = st.meta[u][r].get(a, seg, g + 8);
-#pragma unroll
-          for (int n = 0; n < NT; ++n)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const float2 mm = e < 2 ? m0 : m1;
-              acc[r][n][e] = fmaf(mm.x, c[r][n][e], fmaf(mm.y, sx[n][e], acc[r][n][e]));
-              c[r][n][e] = 0.0f;
-            }
-        }
-#pragma unroll
-        for (int n = 0; n < NT; ++n)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) sx[n][e] = 0.0f;
-      }
-    }
-  }
+__device__ __forceinline__ void cluster_sync() {
+#if __CUDA_ARCH__ >= 900
+  cooperative_groups::this_cluster().sync();
+#else
+  __syncthreads();
+#endif
+}
+
+__device__ __forceinline__ const float* cluster_partial(float* p, int rank) {
+#if __CUDA_ARCH__ >= 900
+  return cooperative_groups::this_cluster().map_shared_rank(p, rank);
+#else
+  return p;
+#endif
 }
 
 template <int B, int W>
-__global__ void __launch_bounds__(kMaxWarps * 32, 1)
+__global__ void __launch_bounds__(kBlockThreads)
     affine_mma_kernel(MmaArgs a, const float* __restrict__ x, int m, float* __restrict__ y) {
-  using Bt = Batch<W>;
-  constexpr int NT = Bt::NT, U = unroll<B, W>();
-  constexpr int KB_LOG2 = B == 2 ? 7 : 6;  // log2 of the k-block's 256 / B columns
-  const int warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int g = lane / 4, t = lane % 4;
-  const int64_t tile0 = static_cast<int64_t>(blockIdx.x) * kTiles;
-  const int seg_log2 = (a.group_log2 < KB_LOG2 ? a.group_log2 : KB_LOG2) - 4;  // log2 k16 steps per group segment
+  using C = Config<B, W>;
+  constexpr int NT = C::NT, NA = C::NA, KC = C::KC, P = C::P, S = C::S;
+  extern __shared__ __align__(16) unsigned char smem[];
+  uint4* const codes_s = reinterpret_cast<uint4*>(smem + C::kCodesOff);
+  float* const xs = reinterpret_cast<float*>(smem + C::kXOff);
+  uint2* const frag = reinterpret_cast<uint2*>(smem + C::kFragOff);
+  float* const sx = reinterpret_cast<float*>(smem + C::kSxOff);
+  float* const partial = reinterpret_cast<float*>(smem + C::kPartialOff);
+  uint32_t* const meta_s = reinterpret_cast<uint32_t*>(smem + C::kMetaOff);
 
-  float acc[kTiles][NT][4];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int split = blockIdx.x;  // rank in the cluster
+  const int64_t tile0 = (static_cast<int64_t>(blockIdx.y) * kBlockWarps + warp) * 2;
+  const bool tiles_valid = tile0 < a.row_tiles;
+  const int64_t total_stages = (a.kblocks + C::KBS - 1) / C::KBS;
+  const int64_t st0 = static_cast<int64_t>(split) * a.stages_per_split;
+  const int nst = static_cast<int>(min(static_cast<int64_t>(a.stages_per_split), max(total_stages - st0, int64_t{0})));
+  const int gps = KC >> a.group_log2;                 // groups per stage
+  const int seg_mask = (1 << (a.group_log2 - 4)) - 1;  // k16 steps per group - 1
+  const int mw = a.meta_f32 ? 2 : 1;
+  const int xrows = min(m, W);
+
+  // Copies of local stage ls into its ring slot; one commit group per stage (empty past the end).
+  auto issue = [&](int ls) {
+    if (ls < nst) {
+      const int slot = ls % P;
+      const int64_t st = st0 + ls, kb0 = st * C::KBS;
+      if (tiles_valid) {
+        uint4* dst = codes_s + (slot * kBlockWarps + warp) * C::kCodeWords;
 #pragma unroll
-  for (int r = 0; r < kTiles; ++r)
+        for (int kbl = 0; kbl < C::KBS; ++kbl)
 #pragma unroll
-    for (int n = 0; n < NT; ++n)
+          for (int r = 0; r < 2; ++r)
+            if (kb0 + kbl < a.kblocks)
+              cp_async16(dst + (kbl * 2 + r) * 32 + lane, a.codes + ((tile0 + r) * a.kblocks + kb0 + kbl) * 32 + lane);
+        const int64_t g0 = st * gps;
+        const int chunks = static_cast<int>(min(static_cast<int64_t>(gps), a.groups - g0)) * 4 * mw;  // 16 bytes
+        uint32_t* mdst = meta_s + (slot * kBlockWarps + warp) * a.meta_slot_words;
+        for (int c = lane; c < 2 * chunks; c += 32) {
+          const int r = c / chunks, cc = c % chunks;
+          cp_async16(mdst + r * gps * 16 * mw + 4 * cc, a.meta + ((tile0 + r) * a.groups + g0) * 16 * mw + 4 * cc);
+        }
+      }
+      float* xdst = xs + slot * W * KC;
+      const int64_t k0 = st * KC;
+      if (a.x_vector) {
+        for (int c = threadIdx.x; c < xrows * (KC / 4); c += kBlockThreads) {
+          const int row = c / (KC / 4), col = 4 * (c % (KC / 4));
+          const int64_t left = a.cols - (k0 + col);
+          const int bytes = left >= 4 ? 16 : left > 0 ? static_cast<int>(4 * left) : 0;
+          cp_async16(xdst + row * KC + col, bytes > 0 ? x + row * a.cols + k0 + col : x, bytes);
+        }
+      } else {
+        for (int c = threadIdx.x; c < xrows * KC; c += kBlockThreads) {
+          const int row = c / KC, col = c % KC;
+          const bool in = k0 + col < a.cols;
+          cp_async4(xdst + row * KC + col, in ? x + row * a.cols + k0 + col : x, in ? 4 : 0);
+        }
+      }
+    }
+    cp_async_commit();
+  };
+
+  // The stage's activations (slot) as B fragments and group sums. Item (row, step j, t): columns
+  // 16 j + 2 t + {0, 1, 8, 9}; a warp's 32 items are one row's 8 consecutive steps, so a group's items are
+  // G / 4 consecutive lanes.
+  auto convert = [&](int slot) {
+    const float* xsrc = xs + slot * W * KC;
+#pragma unroll
+    for (int i = 0; i < C::kItems; ++i) {
+      const int q = i * kBlockThreads + threadIdx.x;
+      const int tt = q & 3, j = (q >> 2) % S, row = (q >> 2) / S;
+      float2 v0 = {0.0f, 0.0f}, v1 = {0.0f, 0.0f};
+      if (row < m) {
+        v0 = *reinterpret_cast<const float2*>(xsrc + row * KC + 16 * j + 2 * tt);
+        v1 = *reinterpret_cast<const float2*>(xsrc + row * KC + 16 * j + 2 * tt + 8);
+      }
+      uint32_t hi[2], lo[2];
+      float sum = split_pair(v0.x, v0.y, hi[0], lo[0]) + split_pair(v1.x, v1.y, hi[1], lo[1]);
+      int hi_at, lo_at;  // (n-tile, lane) of the hi and lo parts
+      if constexpr (W == 4) {
+        hi_at = row * 4 + tt, lo_at = (row + 4) * 4 + tt;
+      } else if constexpr (W == 8) {
+        hi_at = row * 4 + tt, lo_at = 32 + row * 4 + tt;
+      } else {
+        const int lane_at = (row & 7) * 4 + tt, s = row >> 3;
+        hi_at = 32 * s + lane_at, lo_at = 32 * (2 + s) + lane_at;
+      }
+      uint2* fj = frag + j * NT * 32;
+      fj[(hi_at & ~31) + frag_lane(hi_at & 31, j)] = {hi[0], hi[1]};
+      fj[(lo_at & ~31) + frag_lane(lo_at & 31, j)] = {lo[0], lo[1]};
+      for (int off = 1; off < (1 << (a.group_log2 - 2)); off <<= 1) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, off);
+      if ((lane & ((1 << (a.group_log2 - 2)) - 1)) == 0) sx[((16 * j) >> a.group_log2) * W + row] = sum;
+    }
+  };
+
+  float acc[2][NA][4];
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+#pragma unroll
+    for (int n = 0; n < NA; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[r][n][e] = 0.0f;
 
-  const int64_t stride = static_cast<int64_t>(warps) * U;
-  // Two stages: the next stage's loads are in flight while this one decodes.
-  Stage<B, U> cur, nxt;
-  int64_t kb0 = static_cast<int64_t>(warp) * U;
-  if (kb0 < a.kblocks) {
-    cur.load(a, tile0, kb0, lane);
-    prefetch_x<B, W, U>(a, x, m, kb0, lane);
-  }
-  for (; kb0 < a.kblocks; kb0 += stride) {
-    if (kb0 + stride < a.kblocks) {
-      nxt.load(a, tile0, kb0 + stride, lane);
-      prefetch_x<B, W, U>(a, x, m, kb0 + stride, lane);
-    }
-    compute_stage<B, W, U>(a, cur, kb0, x, m, g, t, seg_log2, acc);
-    cur = nxt;
-  }
-
-  // hi + lo parts, then the warps' K shares through shared memory.
-  __shared__ float partial[kMaxWarps][kMmaRows][W];
+  // acc += the stage's codes times x for both tiles.
+  auto compute = [&](int ls) {
+    const int slot = ls % P;
+    const int64_t kb0 = (st0 + ls) * C::KBS;
+    const uint4* cs = codes_s + (slot * kBlockWarps + warp) * C::kCodeWords;
+    const uint32_t* ms = meta_s + (slot * kBlockWarps + warp) * a.meta_slot_words;
+    float c[2][NT][4];
 #pragma unroll
-  for (int r = 0; r < kTiles; ++r)
+    for (int r = 0; r < 2; ++r)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int row = 16 * r + g + 8 * (e >> 1);
-      if constexpr (W == 4) {
-        const float v = acc[r][0][e] + __shfl_xor_sync(0xFFFFFFFFu, acc[r][0][e], 2);
-        if (t < 2) partial[warp][row][2 * t + (e & 1)] = v;
-      } else {
+      for (int n = 0; n < NT; ++n)
 #pragma unroll
-        for (int s = 0; s < Bt::NS; ++s) partial[warp][row][8 * s + 2 * t + (e & 1)] = acc[r][s][e] + acc[r][Bt::NS + s][e];
+        for (int e = 0; e < 4; ++e) c[r][n][e] = 0.0f;
+#pragma unroll
+    for (int kbl = 0; kbl < C::KBS; ++kbl) {
+      if (kb0 + kbl >= a.kblocks) break;
+      const uint4 w[2] = {cs[kbl * 64 + lane], cs[kbl * 64 + 32 + lane]};
+#pragma unroll
+      for (int j = 0; j < C::SB; ++j) {
+        const int jj = kbl * C::SB + j;
+        uint2 bf[NT];
+#pragma unroll
+        for (int n = 0; n < NT; ++n) bf[n] = frag[(jj * NT + n) * 32 + frag_lane(lane, jj)];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          uint32_t af[4];
+          decode_a<B>(w[r], j, af);
+#pragma unroll
+          for (int n = 0; n < NT; ++n) mma_bf16(c[r][n], af, bf[n]);
+        }
+        if (((jj + 1) & seg_mask) == 0) {  // end of a group: scale, add the bias term, clear
+          const int q = jj >> (a.group_log2 - 4);
+          const float* sxq = sx + q * W;
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const float2 m0 = meta_get<B>(a, ms, gps, r, q, g), m1 = meta_get<B>(a, ms, gps, r, q, g + 8);
+#pragma unroll
+            for (int n = 0; n < NA; ++n)
+#pragma unroll
+              for (int e = 0; e < 4; ++e) {
+                const float2 mm = e < 2 ? m0 : m1;
+                float v, sxe;
+                if constexpr (W == 4) {
+                  v = c[r][0][e], sxe = t < 2 ? sxq[2 * t + (e & 1)] : 0.0f;  // lanes t >= 2 hold lo columns
+                } else {
+                  v = c[r][n][e] + c[r][NA + n][e], sxe = sxq[8 * n + 2 * t + (e & 1)];
+                }
+                acc[r][n][e] = fmaf(mm.x, v, fmaf(mm.y, sxe, acc[r][n][e]));
+              }
+#pragma unroll
+            for (int n = 0; n < NT; ++n)
+#pragma unroll
+              for (int e = 0; e < 4; ++e) c[r][n][e] = 0.0f;
+          }
+        }
       }
     }
-  __syncthreads();
-  for (int idx = threadIdx.x; idx < kMmaRows * W; idx += blockDim.x) {
-    const int rr = idx / W, i = idx % W;
-    const int64_t row = tile0 * 16 + rr;
+  };
+
+  for (int ls = 0; ls < P - 1; ++ls) issue(ls);
+  for (int ls = 0; ls < nst; ++ls) {
+    __syncwarp();  // the warp's reads of the slot about to be refilled are done
+    issue(ls + P - 1);
+    cp_async_wait<P - 1>();
+    __syncthreads();
+    convert(ls % P);
+    __syncthreads();
+    if (tiles_valid) compute(ls);
+  }
+  cp_async_wait<0>();
+
+  // Partial sums [rows][W] (hi + lo columns added for W = 4), then each rank of the cluster adds its share of
+  // rows over the ranks.
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int row = warp * kMmaRows + 16 * r + g + 8 * (e >> 1);
+      if constexpr (W == 4) {
+        const float v = acc[r][0][e] + __shfl_xor_sync(0xFFFFFFFFu, acc[r][0][e], 2);
+        if (t < 2) partial[row * W + 2 * t + (e & 1)] = v;
+      } else {
+#pragma unroll
+        for (int n = 0; n < NA; ++n) partial[row * W + 8 * n + 2 * t + (e & 1)] = acc[r][n][e];
+      }
+    }
+  cluster_sync();
+  const int ranks = gridDim.x, share = kBlockRows / ranks;
+  for (int idx = threadIdx.x; idx < share * W; idx += kBlockThreads) {
+    const int rl = split * share + idx / W, i = idx % W;
+    const int64_t row = static_cast<int64_t>(blockIdx.y) * kBlockRows + rl;
     if (i >= m || row >= a.rows) continue;
     float s = 0.0f;
-    for (int wp = 0; wp < warps; ++wp) s += partial[wp][rr][i];
+    for (int rk = 0; rk < ranks; ++rk) s += cluster_partial(partial, rk)[rl * W + i];
     y[i * a.rows + row] = s;
   }
+  cluster_sync();  // no block leaves while others read its partial sums
 }
 
 template <int B, int W>
-void launch_bw(const MmaArgs& a, int64_t row_tiles, const float* x, int m, float* y, CUstream_st* s) {
-  const int64_t blocks = row_tiles / kTiles;
-  // Few row pairs (e.g. 4096 rows): split K over more warps so that enough loads are in flight per SM.
-  const int warps = blocks < 264 ? kMaxWarps : kMaxWarps / 2;
-  affine_mma_kernel<B, W><<<static_cast<unsigned>(blocks), warps * 32, 0, s>>>(a, x, m, y);
+void launch_bw(MmaArgs a, const float* x, int m, float* y, CUstream_st* s) {
+  using C = Config<B, W>;
+  struct Device {
+    int sms = 0, major = 0, blocks_per_sm = 1;
+    Device() {
+      int dev = 0;
+      cudaGetDevice(&dev);
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+      cudaFuncSetAttribute(affine_mma_kernel<B, W>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kMaxBytes);
+      // Typical meta (bf16, group 128) sets how many blocks share an SM.
+      const int typical = C::kMetaOff + C::P * kBlockWarps * 2 * (C::KC / 128) * 16 * 4;
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, affine_mma_kernel<B, W>, kBlockThreads, typical);
+      if (blocks_per_sm < 1) blocks_per_sm = 1;
+    }
+  };
+  static const Device dev;
+  a.meta_slot_words = 2 * (C::KC >> a.group_log2) * 16 * (a.meta_f32 ? 2 : 1);
+  const size_t smem = C::kMetaOff + static_cast<size_t>(C::P) * kBlockWarps * a.meta_slot_words * 4;
+  const int64_t row_blocks = (a.row_tiles + kBlockTiles - 1) / kBlockTiles;
+  const int64_t stages = (a.kblocks + C::KBS - 1) / C::KBS;
+  // Split K (a cluster per row block) while the blocks still fit the GPU at once and every share has 2 stages.
+  int split = 1;
+  const int64_t slots = static_cast<int64_t>(dev.sms) * dev.blocks_per_sm;
+  if (dev.major >= 9)
+    while (split < kMaxSplit && row_blocks * split * 2 <= slots && stages >= 4 * split) split *= 2;
+  a.stages_per_split = static_cast<int>((stages + split - 1) / split);
+
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(split), static_cast<unsigned>(row_blocks));
+  cfg.blockDim = dim3(kBlockThreads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = s;
+  cudaLaunchAttribute cluster[1];
+  cluster[0].id = cudaLaunchAttributeClusterDimension;
+  cluster[0].val.clusterDim.x = static_cast<unsigned>(split);
+  cluster[0].val.clusterDim.y = 1;
+  cluster[0].val.clusterDim.z = 1;
+  cfg.attrs = cluster;
+  cfg.numAttrs = dev.major >= 9 ? 1 : 0;
+  cudaLaunchKernelEx(&cfg, affine_mma_kernel<B, W>, a, x, m, y);
 }
 
 template <int B>
-void launch_b(const MmaArgs& a, int64_t row_tiles, const float* x, int m, int batch, float* y, CUstream_st* s) {
-  if (batch <= 4) return launch_bw<B, 4>(a, row_tiles, x, m, y, s);
-  if (batch <= 8) return launch_bw<B, 8>(a, row_tiles, x, m, y, s);
-  launch_bw<B, 16>(a, row_tiles, x, m, y, s);
+void launch_b(const MmaArgs& a, const float* x, int m, int batch, float* y, CUstream_st* s) {
+  if (batch <= 4) return launch_bw<B, 4>(a, x, m, y, s);
+  if (batch <= 8) return launch_bw<B, 8>(a, x, m, y, s);
+  launch_bw<B, 16>(a, x, m, y, s);
 }
 
 }  // namespace
@@ -326,9 +420,11 @@ void launch_affine_mma_kernel(const AffineMmaDevice& w, const float* x, int m, i
   int log2 = 0;
   while ((1 << log2) < w.group) ++log2;
   const int64_t kpad = w.kblocks * mma_kblock_cols(w.bits);
-  const MmaArgs a{reinterpret_cast<const uint4*>(w.codes), w.meta, w.rows, w.cols, w.kblocks, kpad / w.group, log2, w.meta_f32};
-  if (w.bits == 2) return launch_b<2>(a, w.row_tiles, x, m, batch, y, s);
-  launch_b<4>(a, w.row_tiles, x, m, batch, y, s);
+  const bool x_vector = w.cols % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
+  const MmaArgs a{reinterpret_cast<const uint4*>(w.codes), w.meta, w.rows, w.cols, w.row_tiles, w.kblocks,
+                  kpad / w.group, log2, w.meta_f32, x_vector, 0, 0};
+  if (w.bits == 2) return launch_b<2>(a, x, m, batch, y, s);
+  launch_b<4>(a, x, m, batch, y, s);
 }
 
 }  // namespace lowbit::kernels::cuda

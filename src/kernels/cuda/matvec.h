@@ -68,7 +68,8 @@ inline int64_t coalesced_step_cols(int bits) { return 128 * (32 / bits); }
 //   meta:  [row_tiles][kpad / group][16 rows] (scale, bias): one u32 (bf16 scale low, bf16 bias high) when
 //          meta_f32 is false, else two f32 words; padding zero.
 // Activations are split into bf16 hi + lo parts (x = hi + lo within 2^-17 relative), so results match an f32
-// kernel's accuracy; each code q enters the product as the bf16 128 + q and the 128 is subtracted per group.
+// kernel's accuracy; each code q enters the product as an exact bf16 with an offset (affine_mma.cu: 2 + q / K) that
+// is subtracted per group.
 inline constexpr int kMmaRows = 32;  // rows per warp: two 16-row tiles share the activation fragments
 struct AffineMmaDevice {
   const uint32_t* codes = nullptr;  // 16-byte aligned
