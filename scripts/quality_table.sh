@@ -75,11 +75,12 @@ compute_row() {
   local art="$work/$name-$preset" base=${preset#rtn-} extra=()
   [ "$base" = affine2 ] && extra=(--recipe "$work/affine2.json") || extra=(--preset "$base")
   [ "$preset" != "$base" ] && extra+=(--no-calib)
-  local load_start started q k
+  local load_start started k
   load_start=$(cut -d' ' -f1 /proc/loadavg)
   started=$(date -u +%Y-%m-%dT%H:%M:%SZ)
-  q=$(/usr/bin/time -f '%e %U %S %M' -o "$work/time" nice -n 10 "$lowbit" quantize "$src" "$art" "${extra[@]}" \
-      "${margs[@]}" --json 2>"$work/q.err") || { cat "$work/q.err" >&2; return 1; }
+  # The report goes through a file: with an allocation it is larger than one command-line argument may be.
+  /usr/bin/time -f '%e %U %S %M' -o "$work/time" nice -n 10 "$lowbit" quantize "$src" "$art" "${extra[@]}" \
+    "${margs[@]}" --json >"$work/q.json" 2>"$work/q.err" || { cat "$work/q.err" >&2; return 1; }
   k=$(nice -n 10 "$lowbit" eval kld "$src" "$art" --text "$text" --ctx "$ctx" --json "${margs[@]}" 2>"$work/k.err") ||
     { cat "$work/k.err" >&2; return 1; }
   mkdir -p "$(dirname "$dest")"
@@ -87,9 +88,9 @@ compute_row() {
     --arg binary_sha256 "$binary_sha" --arg commit "$commit" --arg started "$started" \
     --arg finished "$(date -u +%Y-%m-%dT%H:%M:%SZ)" --arg load_start "$load_start" \
     --arg load_end "$(cut -d' ' -f1 /proc/loadavg)" --argjson eval "${model_eval[$name]}" \
-    --arg quantize_args "${extra[*]} ${margs[*]}" --argjson q "$q" --argjson k "$k" \
+    --arg quantize_args "${extra[*]} ${margs[*]}" --slurpfile qs "$work/q.json" --argjson k "$k" \
     --rawfile time "$work/time" '
-    ($time | split(" ") | map(tonumber)) as $t |
+    ($time | split(" ") | map(tonumber)) as $t | $qs[0] as $q |
     {model: $model, preset: $preset, key: $key, binary: $binary, binary_sha256: $binary_sha256, commit: $commit,
      started: $started, finished: $finished, load_average: [($load_start | tonumber), ($load_end | tonumber)],
      eval: $eval, quantize_args: $quantize_args,
