@@ -110,6 +110,26 @@ TEST_F(CudaMatvec, AffineMmaSplitKMatchesDecodeRows) {
     }
 }
 
+// Batch 1 of 2/4 bits runs the persistent kernel of affine_fma.cu: more tiles than SMs (blocks take several
+// tiles), rows long enough to wrap the ring of shared-memory slots, partial tiles, units and slots, and rows too
+// long for the tensor-core decode's activation fragments in shared memory (the CUDA-core decode takes them).
+TEST_F(CudaMatvec, AffineFmaMatchesDecodeRows) {
+  struct Case {
+    int64_t rows, cols;
+    int group;
+    const char* dt;
+  };
+  for (int bits : {2, 4})
+    for (const Case& c : {Case{4500, 700, 128, "bf16"}, Case{300, 20001, 32, "f32"}, Case{1000, 4096, 64, "bf16"},
+                         Case{40, 50000, 128, "bf16"}}) {
+      const Encoded e =
+          encode("affine", {{"bits", bits}, {"group_size", c.group}, {"scale_dtype", c.dt}}, c.rows, c.cols, rng);
+      SCOPED_TRACE(::testing::Message() << bits << " bits, group " << c.group << ", " << c.dt << " [" << c.rows
+                                        << ", " << c.cols << "]");
+      EXPECT_LT(matmul_error(e.ref, 1, rng), 2e-5);
+    }
+}
+
 // Two-plane tensors in every storage and metadata variant (slim expands at load), through the CUDA-core kernel
 // (batches of up to 4 rows per launch, wider batches in slices), on shapes with partial row tiles and groups.
 TEST_F(CudaMatvec, TwoPlaneMatchesDecodeRows) {

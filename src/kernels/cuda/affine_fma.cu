@@ -1,33 +1,50 @@
-// Affine 2/4-bit (batch 1) and two-plane (batch 1..4) decode matvec on the CUDA cores, reading the tensor-core layout
-// (AffineMmaDevice in matvec.h), so one device copy of the weights serves both kernels.
+// Affine 2/4-bit (batch 1) and two-plane (batch 1..4) decode matvec, reading the tensor-core layout (AffineMmaDevice
+// in matvec.h), so one device copy of the weights serves this kernel and affine_mma.cu.
 //
-// A block of W warps owns one 16-row tile; its warps split K in stages of 128 columns (two k-blocks of 4 bits,
-// one of 2 bits), each warp loading the next stage's codes (and pulling its group meta into L1) while it
-// decodes this one. Per stage a lane's 16-byte loads hold 32 columns of rows g and g + 8 (lane 4 g + t; step J
-// of the stage covers columns 16 J + 2 t + {0, 1, 8, 9}), so one activation load serves both rows and the
-// warp's loads stay contiguous.
+// Persistent blocks, one per SM: block b takes the 16-row tiles b, b + grid, ... In the layout a tile's k-blocks
+// are one contiguous run, so a producer warp streams the block's tiles, slot by slot, into a ring of shared memory
+// with bulk copies (cp.async.bulk, each slot completing on its mbarrier): the SM keeps the whole ring of loads in
+// flight whatever the decoding warps do, and the stream runs from one tile into the next without draining. The
+// consumer warps decode the slots' units of 128 columns (two k-blocks of 4 bits, one of 2 bits) and free each slot
+// for the next copy; at a tile's end they add their shares in shared memory. The block sums x per group once, for
+// all its tiles, while the first copies fly.
 //
-// Decoding 4 bits costs about 1.4 integer instructions per code: one AND (and one shift) per word isolates the
-// low and the high nibbles of every byte, and one PRMT per code moves a byte under the exponent byte 0x43,
-// giving the float 128 + q exactly. So F = sum (128 + q) x costs one FFMA per code and batch row, and per group
-//   sum (s q + b) x = s F + (b - 128 s) Sx,
-// where the block computes the group sums Sx of x once, into shared memory, before its main loop (the lanes'
-// F cover a quarter of a group's columns each; the four lanes of a row add to one sum, so one of them adds the
-// Sx term). No shuffle until the warps' K shares are added. 2-bit codes become 1 + q / 4 (code2_as_float).
+// Affine decodes on the tensor cores (TC): a lane's 16 bytes are its mma A fragments, each register pair the
+// codes under the exponent of the bf16 128.0 (exactly 128 + q, one shift and one LOP3), and the block builds the B
+// fragments of x once (bf16 hi + lo, so the products keep f32 accuracy; B column n holds hi or lo by parity), so
+// one mma.sync m16n8k16 covers 256 codes. Per group, with C = sum (128 + q) x and Sx = sum x (of hi + lo),
+//   sum (s q + b) x = s C + (b - 128 s) Sx.
+// Rows too long for the B fragments in shared memory, and two-plane (two scales per group, batch up to 4), decode
+// on the CUDA cores: in a unit a lane's words hold 32 columns of rows g and g + 8 (lane 4 g + t; step J covers
+// columns 16 J + 2 t + {0, 1, 8, 9}), so one activation load serves both rows; 4 bits cost one AND (and shift)
+// per word and one PRMT per code (a byte under the exponent byte 0x43 reads as 128 + q), 2 bits a shift and a
+// LOP3 per code (1 + q / 4), and one FFMA per code, with the same group identity (one lane of a row adds the Sx
+// term).
+#include <cuda_bf16.h>
+
 #include "kernels/cuda/matvec.cuh"
 
 namespace lowbit::kernels::cuda {
 namespace {
 
-constexpr int kMaxWarps = 16;
-constexpr int kStageCols = 128;
+constexpr int kUnitCols = 128;
+constexpr int kKblockBytes = 512;  // one k-block of one 16-row tile: 32 lanes x 16 bytes
+constexpr int kMaxConsumers = 15;  // with the producer 16 warps: 128 registers a thread
+constexpr int kMaxThreads = (kMaxConsumers + 1) * 32;
 constexpr uint32_t kExp128 = 0x43000000u;  // 128.0f: a code q in byte 2 reads as 128 + q
 
 struct FmaArgs {
   const uint32_t* planes[2];  // codes in the tensor-core layout; the second plane only for two-plane tensors
   const uint32_t* meta;       // [row_tiles][groups][16 rows] (matvec.h)
-  int64_t rows, cols, kblocks, groups;
+  int64_t rows, cols, row_tiles, kblocks, groups;
   bool meta_f32;
+};
+
+// The ring: `slots` slots of `units` units; a slot holds the codes [P planes][units * B / 2 k-blocks][512 bytes],
+// then the meta of the units' groups [units * SEGS][16 rows][meta words].
+struct Ring {
+  int slots, units;
+  uint32_t slot_bytes;
 };
 
 // Words per meta entry (one row's group): bf16 pairs take one word per plane, f32 two.
@@ -35,6 +52,47 @@ template <int P>
 __device__ __forceinline__ int meta_words(const FmaArgs& a) {
   return P * (a.meta_f32 ? 2 : 1);
 }
+
+// ---- mbarriers and bulk copies (shared-memory addresses as 32-bit offsets) --------------------------------------
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("{ .reg .b64 state; mbarrier.arrive.shared::cta.b64 state, [%0]; }" ::"r"(smem_addr(bar)) : "memory");
+}
+
+// Waits until the phase of parity `parity` of `bar` has completed.
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  uint32_t done = 0;
+  while (!done) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile(
+        "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+        : "=r"(done)
+        : "r"(smem_addr(bar)), "r"(parity)
+        : "memory");
+#else
+    asm volatile(
+        "{ .reg .pred p; mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+        : "=r"(done)
+        : "r"(smem_addr(bar)), "r"(parity)
+        : "memory");
+#endif
+  }
+}
+
+// Named barrier 1 over the consumer warps (the producer warp never joins).
+__device__ __forceinline__ void consumers_sync(int consumers) {
+  asm volatile("bar.sync 1, %0;" ::"r"(consumers * 32) : "memory");
+}
+
+// ---- decoding ----------------------------------------------------------------------------------------------------
 
 // Byte k of v (a code of at most 7 bits) as the float 128 + v_k.
 __device__ __forceinline__ float byte_as_float(uint32_t v, int k) {
@@ -49,35 +107,36 @@ __device__ __forceinline__ float code2_as_float(uint32_t w, int bit) {
   return __uint_as_float((v & 0x00600000u) | 0x3F800000u);
 }
 
-// Scale per plane and bias summed over planes, rows g and g + 8 of the tile, for one group.
+// Scale per plane and bias summed over planes, rows g and g + 8 of the tile, for one group; `meta` points at the
+// group's 16 entries in shared memory.
 template <int P>
 struct SegMeta {
   float scale[P][2];
   float bias[2];
 
-  __device__ void load(const FmaArgs& a, int64_t tile, int64_t group, int g) {
+  __device__ void load(const FmaArgs& a, const uint32_t* meta, bool valid, int g) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       bias[r] = 0.0f;
 #pragma unroll
       for (int p = 0; p < P; ++p) scale[p][r] = 0.0f;
-      if (group >= a.groups) continue;
-      const int64_t e = (tile * a.groups + group) * 16 + g + 8 * r;
+      if (!valid) continue;
+      const int e = g + 8 * r;
       if (a.meta_f32) {
         if constexpr (P == 1) {
-          const uint2 v = __ldg(reinterpret_cast<const uint2*>(a.meta) + e);
+          const uint2 v = reinterpret_cast<const uint2*>(meta)[e];
           scale[0][r] = __uint_as_float(v.x), bias[r] = __uint_as_float(v.y);
         } else {
-          const uint4 v = __ldg(reinterpret_cast<const uint4*>(a.meta) + e);
+          const uint4 v = reinterpret_cast<const uint4*>(meta)[e];
           scale[0][r] = __uint_as_float(v.x), scale[1][r] = __uint_as_float(v.z);
           bias[r] = __uint_as_float(v.y) + __uint_as_float(v.w);
         }
       } else {
         uint32_t v[P];
         if constexpr (P == 1) {
-          v[0] = __ldg(a.meta + e);
+          v[0] = meta[e];
         } else {
-          const uint2 u = __ldg(reinterpret_cast<const uint2*>(a.meta) + e);
+          const uint2 u = reinterpret_cast<const uint2*>(meta)[e];
           v[0] = u.x, v[1] = u.y;
         }
 #pragma unroll
@@ -91,7 +150,7 @@ struct SegMeta {
 };
 
 // The activations of step J for lane t: columns c + {0, 1, 8, 9} with c = c0 + 16 J + 2 t. Vector: xs[i] points
-// at column c0 + 2 t of batch row i and the stage lies inside the row (constant offsets from one address); else
+// at column c0 + 2 t of batch row i and the unit lies inside the row (constant offsets from one address); else
 // scalar loads with zeros past `cols`.
 template <bool Vector, int M>
 __device__ __forceinline__ void load_step_x(const float* const (&xs)[M], int J, int64_t c, int64_t cols,
@@ -112,23 +171,24 @@ __device__ __forceinline__ void load_step_x(const float* const (&xs)[M], int J, 
   }
 }
 
-// acc[r][i] (rows g, g + 8; batch row i) += the stage's codes times x. Within a step's word, 4 bits: byte k
-// holds column 2 t + {0, 8, 1, 9}[k] of row g (low nibble) and row g + 8 (high nibble); 2 bits (word J / 2):
-// byte J % 2 + 2 e holds, in slot c, row g + 8 (c % 2) at column 2 t + 8 (c / 2) + e.
+// acc[r][i] (rows g, g + 8; batch row i) += the codes of unit s (of the tile) times x; `meta` points at the unit's
+// first group in the slot. Within a step's word, 4 bits: byte k holds column 2 t + {0, 8, 1, 9}[k] of row g (low
+// nibble) and row g + 8 (high nibble); 2 bits (word J / 2): byte J % 2 + 2 e holds, in slot c, row g + 8 (c % 2)
+// at column 2 t + 8 (c / 2) + e.
 template <bool Vector, int B, int P, int M, int SEGS>
-__device__ __forceinline__ void compute_stage(const FmaArgs& a, const uint32_t (&w)[P][B / 2][4], int64_t tile,
-                                              int64_t s, const float* const (&xr)[M], const float* group_sx, int g,
-                                              int t, float (&acc)[2][M]) {
+__device__ __forceinline__ void compute_unit(const FmaArgs& a, const uint32_t (&w)[P][B / 2][4], int64_t s,
+                                             const uint32_t* meta, const float* const (&xr)[M],
+                                             const float* group_sx, int g, int t, float (&acc)[2][M]) {
   constexpr int kSteps = 8 / SEGS;  // k16 steps per group segment
-  const int64_t c = s * kStageCols + 2 * t;
+  const int64_t c = s * kUnitCols + 2 * t;
   const float* xs[M];
 #pragma unroll
   for (int i = 0; i < M; ++i) xs[i] = xr[i] + c;
 #pragma unroll
   for (int seg = 0; seg < SEGS; ++seg) {
     const int64_t group = s * SEGS + seg;
-    SegMeta<P> meta;
-    meta.load(a, tile, group, g);
+    SegMeta<P> sm;
+    sm.load(a, meta + seg * 16 * meta_words<P>(a), group < a.groups, g);
     float F[P][2][M];
 #pragma unroll
     for (int p = 0; p < P; ++p)
@@ -157,12 +217,12 @@ __device__ __forceinline__ void compute_stage(const FmaArgs& a, const uint32_t (
         } else {
           const uint32_t word = w[p][0][J / 2];
 #pragma unroll
-          for (int c = 0; c < 4; ++c)
+          for (int c2 = 0; c2 < 4; ++c2)
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
-              const float f = code2_as_float(word, 8 * (J % 2 + 2 * e) + 2 * c);
+              const float f = code2_as_float(word, 8 * (J % 2 + 2 * e) + 2 * c2);
 #pragma unroll
-              for (int i = 0; i < M; ++i) F[p][c % 2][i] = fmaf(f, xv[i][2 * (c / 2) + e], F[p][c % 2][i]);
+              for (int i = 0; i < M; ++i) F[p][c2 % 2][i] = fmaf(f, xv[i][2 * (c2 / 2) + e], F[p][c2 % 2][i]);
             }
         }
       }
@@ -173,13 +233,13 @@ __device__ __forceinline__ void compute_stage(const FmaArgs& a, const uint32_t (
     for (int r = 0; r < 2; ++r) {
       float s_sum = 0.0f;
 #pragma unroll
-      for (int p = 0; p < P; ++p) s_sum += meta.scale[p][r];
-      const float d = t == 0 ? fmaf(-O, s_sum, meta.bias[r]) : 0.0f;
+      for (int p = 0; p < P; ++p) s_sum += sm.scale[p][r];
+      const float d = t == 0 ? fmaf(-O, s_sum, sm.bias[r]) : 0.0f;
 #pragma unroll
       for (int i = 0; i < M; ++i) {
         float v = acc[r][i];
 #pragma unroll
-        for (int p = 0; p < P; ++p) v = fmaf(U * meta.scale[p][r], F[p][r][i], v);
+        for (int p = 0; p < P; ++p) v = fmaf(U * sm.scale[p][r], F[p][r][i], v);
         if (group < a.groups) v = fmaf(d, group_sx[group * M + i], v);
         acc[r][i] = v;
       }
@@ -187,49 +247,117 @@ __device__ __forceinline__ void compute_stage(const FmaArgs& a, const uint32_t (
   }
 }
 
-// The stage's codes (zeros past the last k-block), B / 2 k-blocks of 16 bytes per lane and plane; its meta
-// lines are pulled into L1 so that compute_stage's meta loads wait on L1, not on memory.
-template <int B, int P, int SEGS>
-__device__ __forceinline__ void load_stage(const FmaArgs& a, int64_t tile, int64_t s, int lane,
-                                           uint32_t (&w)[P][B / 2][4]) {
-#pragma unroll
-  for (int u = 0; u < B / 2; ++u) {
-    const int64_t kb = s * (B / 2) + u;
-#pragma unroll
-    for (int p = 0; p < P; ++p) {
-      if (kb < a.kblocks) {
-        load_stream(a.planes[p] + ((tile * a.kblocks + kb) * 32 + lane) * 4, w[p][u]);
-      } else {
-#pragma unroll
-        for (int k = 0; k < 4; ++k) w[p][u][k] = 0;
-      }
-    }
-  }
-  const int64_t group = s * SEGS, left = a.groups - group, groups = left < SEGS ? left : SEGS;
-  const int64_t bytes = groups * 16 * 4 * meta_words<P>(a);
-  if (lane * 128 < bytes)
-    asm volatile("prefetch.global.L1 [%0];" ::"l"(reinterpret_cast<const char*>(a.meta) +
-                                                  (tile * a.groups + group) * 16 * 4 * meta_words<P>(a) + lane * 128));
+// ---- the tensor-core decode (affine, batch 1) ------------------------------------------------------------------
+
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// group_sx [groups][M] = the sums of x over each group's columns: warp w takes 128-column chunks w, w + W, ...;
-// lane l sums columns 4 l .. 4 l + 3 and the group's lanes add by shuffle.
-template <int M, int SEGS>
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// xfrag [k16 steps][2 parts][4 t] (uint2): the mma B fragments of x for lane 4 g + t, part g % 2: columns
+// 16 step + 2 t + {0, 1} and + {8, 9} as bf16 pairs, hi (part 0) and lo = x - hi (part 1), so that hi + lo is x
+// within 2^-17 relative. B column n holds part n % 2, so D columns 2 t and 2 t + 1 hold the hi and lo sums of
+// every lane's rows: all four lanes of a row get the same sums.
+__device__ void build_xfrag(const FmaArgs& a, const float* x, uint2* xfrag, int64_t steps, int thread, int threads) {
+#pragma unroll 4
+  for (int64_t e = thread; e < steps * 4; e += threads) {
+    const int64_t step = e / 4, c = step * 16 + 2 * (e % 4);
+    float v[4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const int64_t col = c + (q & 1) + 8 * (q >> 1);
+      v[q] = col < a.cols ? __ldg(x + col) : 0.0f;
+    }
+    uint32_t hi[2], lo[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      hi[h] = pack_bf16(v[2 * h], v[2 * h + 1]);
+      lo[h] = pack_bf16(v[2 * h] - __uint_as_float(hi[h] << 16), v[2 * h + 1] - __uint_as_float(hi[h] & 0xFFFF0000u));
+    }
+    xfrag[step * 8 + e % 4] = make_uint2(hi[0], hi[1]);
+    xfrag[step * 8 + 4 + e % 4] = make_uint2(lo[0], lo[1]);
+  }
+}
+
+// A fragment register i of k16 step j of the unit from the lane's words (matvec.h): bf16 pairs 128 + q.
+template <int B>
+__device__ __forceinline__ void decode_a(const uint32_t (&w)[B / 2][4], int j, uint32_t (&av)[4]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    if constexpr (B == 4) {
+      av[i] = ((w[j / 4][j % 4] >> (4 * i)) & 0x000F000Fu) | 0x43004300u;
+    } else {
+      av[i] = ((w[0][j / 2] >> (2 * (4 * (j % 2) + i))) & 0x00030003u) | 0x43004300u;
+    }
+  }
+}
+
+// acc[r][0] += the codes of unit s times x on the tensor cores: per group segment C = sum (128 + q) (hi + lo)
+// in two accumulator chains (even and odd steps), then s C + (b - 128 s) Sx. Every lane of a row ends with the
+// row's sum (the epilogue takes lane t = 0's).
+template <int B, int SEGS>
+__device__ __forceinline__ void mma_unit(const FmaArgs& a, const uint32_t (&w)[1][B / 2][4], int64_t s,
+                                         const uint32_t* meta, const uint2* xfrag, const float* group_sx, int g, int t,
+                                         float (&acc)[2][1]) {
+  constexpr int kSteps = 8 / SEGS;
+  const uint2* xf = xfrag + s * 64 + (g & 1) * 4 + t;  // step j of the unit at xf[8 j]
+#pragma unroll
+  for (int seg = 0; seg < SEGS; ++seg) {
+    const int64_t group = s * SEGS + seg;
+    SegMeta<1> sm;
+    sm.load(a, meta + seg * 16 * meta_words<1>(a), group < a.groups, g);
+    float d[2][4] = {};
+#pragma unroll
+    for (int jj = 0; jj < kSteps; ++jj) {
+      const int j = seg * kSteps + jj;
+      uint32_t av[4];
+      decode_a<B>(w[0], j, av);
+      const uint2 bv = xf[8 * j];
+      mma_bf16(d[jj & 1], av, bv.x, bv.y);
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float C = (d[0][2 * r] + d[0][2 * r + 1]) + (d[1][2 * r] + d[1][2 * r + 1]);
+      float v = fmaf(sm.scale[0][r], C, acc[r][0]);
+      if (group < a.groups) v = fmaf(fmaf(-128.0f, sm.scale[0][r], sm.bias[r]), group_sx[group], v);
+      acc[r][0] = v;
+    }
+  }
+}
+
+// x as the tensor cores see it: hi + lo (xfrag), so that the group's 128 Sx cancels exactly what C holds.
+__device__ __forceinline__ float split_value(float v) {
+  const float hi = __bfloat162float(__float2bfloat16_rn(v));
+  return hi + __bfloat162float(__float2bfloat16_rn(v - hi));
+}
+
+// group_sx [groups][M] = the sums of x (split_value of x when TC) over each group's columns: warp w takes
+// 128-column chunks w, w + W, ...; lane l sums columns 4 l .. 4 l + 3 and the group's lanes add by shuffle.
+template <int M, int SEGS, bool TC>
 __device__ __forceinline__ void group_sums(const FmaArgs& a, const float* const (&xr)[M], float* group_sx, int warp,
                                            int warps, int lane) {
+  const auto value = [](float v) { return TC ? split_value(v) : v; };
   constexpr int kLanes = 32 / SEGS;  // lanes per group
   const bool aligned = a.cols % 4 == 0;
+#pragma unroll 4
   for (int64_t c = warp; c * SEGS < a.groups; c += warps) {
-    const int64_t col = c * kStageCols + 4 * lane;
+    const int64_t col = c * kUnitCols + 4 * lane;
 #pragma unroll
     for (int i = 0; i < M; ++i) {
       float v = 0.0f;
       if (aligned && col + 4 <= a.cols) {
         const float4 q = __ldg(reinterpret_cast<const float4*>(xr[i] + col));
-        v = (q.x + q.y) + (q.z + q.w);
+        v = (value(q.x) + value(q.y)) + (value(q.z) + value(q.w));
       } else {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) v += col + e < a.cols ? __ldg(xr[i] + col + e) : 0.0f;
+        for (int e = 0; e < 4; ++e) v += col + e < a.cols ? value(__ldg(xr[i] + col + e)) : 0.0f;
       }
 #pragma unroll
       for (int off = 1; off < kLanes; off *= 2) v += __shfl_xor_sync(0xFFFFFFFFu, v, off);
@@ -239,88 +367,225 @@ __device__ __forceinline__ void group_sums(const FmaArgs& a, const float* const 
   }
 }
 
-// Batch 1 fits 64 registers (two blocks of 16 warps per SM); wider batches hold M times the activations.
-template <int M>
-constexpr int fma_min_blocks() {
-  return M == 1 ? 2 : 1;
+// ---- the two roles -----------------------------------------------------------------------------------------------
+
+// Copies the block's tiles into the ring, slot i of the stream into ring slot i % slots once the consumers have
+// freed it. One lane issues the bulk copies (sm_90); older GPUs copy with the warp's loads and stores.
+template <int B, int P, int SEGS>
+__device__ void produce(const FmaArgs& a, const Ring& ring, unsigned char* slots, uint64_t* full, uint64_t* empty,
+                        int64_t tile_units, int lane) {
+  const uint32_t entry_bytes = 64 * meta_words<P>(a);  // one group's 16 rows
+  const uint32_t plane_bytes = ring.units * (B / 2) * kKblockBytes;
+  int slot = 0;
+  uint32_t phase = 0;
+  for (int64_t tile = blockIdx.x; tile < a.row_tiles; tile += gridDim.x)
+    for (int64_t u0 = 0; u0 < tile_units; u0 += ring.units, slot = slot + 1 == ring.slots ? (phase ^= 1, 0) : slot + 1) {
+      mbar_wait(empty + slot, phase ^ 1);
+      const int64_t kb0 = u0 * (B / 2), g0 = u0 * SEGS;
+      const uint32_t code_bytes = static_cast<uint32_t>(min(int64_t{ring.units} * (B / 2), a.kblocks - kb0)) * kKblockBytes;
+      const uint32_t meta_bytes = static_cast<uint32_t>(min(int64_t{ring.units} * SEGS, a.groups - g0)) * entry_bytes;
+      unsigned char* dst = slots + static_cast<size_t>(slot) * ring.slot_bytes;
+      const char* src[P + 1];
+      uint32_t dst_off[P + 1], bytes[P + 1];
+#pragma unroll
+      for (int p = 0; p < P; ++p) {
+        src[p] = reinterpret_cast<const char*>(a.planes[p]) + (tile * a.kblocks + kb0) * kKblockBytes;
+        dst_off[p] = p * plane_bytes, bytes[p] = code_bytes;
+      }
+      src[P] = reinterpret_cast<const char*>(a.meta) + (tile * a.groups + g0) * entry_bytes;
+      dst_off[P] = P * plane_bytes, bytes[P] = meta_bytes;
+#if __CUDA_ARCH__ >= 900
+      if (lane == 0) {
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(full + slot)),
+                     "r"(P * code_bytes + meta_bytes)
+                     : "memory");
+#pragma unroll
+        for (int k = 0; k <= P; ++k)
+          asm volatile(
+              "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                  smem_addr(dst + dst_off[k])),
+              "l"(src[k]), "r"(bytes[k]), "r"(smem_addr(full + slot))
+              : "memory");
+      }
+#else
+#pragma unroll
+      for (int k = 0; k <= P; ++k)
+        for (uint32_t o = 16 * lane; o < bytes[k]; o += 16 * 32)
+          *reinterpret_cast<uint4*>(dst + dst_off[k] + o) = __ldg(reinterpret_cast<const uint4*>(src[k] + o));
+      __syncwarp();
+      if (lane == 0) mbar_arrive(full + slot);
+#endif
+    }
 }
 
-template <int B, int P, int M, int SEGS>
-__global__ void __launch_bounds__(kMaxWarps * 32, fma_min_blocks<M>())
-    affine_fma_kernel(FmaArgs a, const float* __restrict__ x, int m, float* __restrict__ y) {
-  extern __shared__ float group_sx[];  // [groups][M]
-  __shared__ float partial[kMaxWarps][16][M];
-  const int warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+// The consumer warps' side of the stream: unit u of a slot goes to warp u % consumers (a slot holds a multiple of
+// `consumers` units, all but a tile's last).
+// TC: decode on the tensor cores (affine, batch 1), with the B fragments of x in xfrag.
+template <int B, int P, int M, int SEGS, bool TC>
+__device__ void consume(const FmaArgs& a, const Ring& ring, const unsigned char* slots, uint64_t* full,
+                        uint64_t* empty, int64_t tile_units, const float* x, int m, float* y, float* group_sx,
+                        float* partial, uint2* xfrag, int consumers, int warp, int lane) {
   const int g = lane / 4, t = lane % 4;
-  const int64_t tile = blockIdx.x;
-  const int64_t stages = (a.kblocks + B / 2 - 1) / (B / 2);
+  const uint32_t plane_bytes = ring.units * (B / 2) * kKblockBytes;
   const float* xr[M];
 #pragma unroll
   for (int i = 0; i < M; ++i) xr[i] = x + (i < m ? i : 0) * a.cols;
+  group_sums<M, SEGS, TC>(a, xr, group_sx, warp, consumers, lane);
+  if constexpr (TC) build_xfrag(a, x, xfrag, tile_units * (kUnitCols / 16), warp * 32 + lane, consumers * 32);
+  consumers_sync(consumers);
+
   float acc[2][M];
 #pragma unroll
   for (int r = 0; r < 2; ++r)
 #pragma unroll
     for (int i = 0; i < M; ++i) acc[r][i] = 0.0f;
-
-  // The first stage's loads fly while the block sums x per group; then the next stage's loads are in flight
-  // while this one decodes.
-  uint32_t cur[P][B / 2][4], nxt[P][B / 2][4];
-  int64_t s = warp;
-  if (s < stages) load_stage<B, P, SEGS>(a, tile, s, lane, cur);
-  group_sums<M, SEGS>(a, xr, group_sx, warp, warps, lane);
-  __syncthreads();
-  for (; s < stages; s += warps) {
-    if (s + warps < stages) load_stage<B, P, SEGS>(a, tile, s + warps, lane, nxt);
-    if (a.cols % 2 == 0 && (s + 1) * kStageCols <= a.cols) {
-      compute_stage<true, B, P, M, SEGS>(a, cur, tile, s, xr, group_sx, g, t, acc);
-    } else {
-      compute_stage<false, B, P, M, SEGS>(a, cur, tile, s, xr, group_sx, g, t, acc);
+  int slot = 0, parity = 0;
+  uint32_t phase = 0;
+  for (int64_t tile = blockIdx.x; tile < a.row_tiles; tile += gridDim.x, parity ^= 1) {
+    for (int64_t u0 = 0; u0 < tile_units; u0 += ring.units, slot = slot + 1 == ring.slots ? (phase ^= 1, 0) : slot + 1) {
+      mbar_wait(full + slot, phase);
+      const unsigned char* src = slots + static_cast<size_t>(slot) * ring.slot_bytes;
+      const int units = static_cast<int>(min(int64_t{ring.units}, tile_units - u0));
+      for (int u = warp; u < units; u += consumers) {
+        const int64_t s = u0 + u;
+        uint32_t w[P][B / 2][4];
+#pragma unroll
+        for (int p = 0; p < P; ++p)
+#pragma unroll
+          for (int k = 0; k < B / 2; ++k) {
+            uint4 v = make_uint4(0, 0, 0, 0);
+            if (s * (B / 2) + k < a.kblocks)
+              v = *reinterpret_cast<const uint4*>(src + p * plane_bytes + (u * (B / 2) + k) * kKblockBytes + 16 * lane);
+            w[p][k][0] = v.x, w[p][k][1] = v.y, w[p][k][2] = v.z, w[p][k][3] = v.w;
+          }
+        const uint32_t* meta = reinterpret_cast<const uint32_t*>(src + P * plane_bytes) + u * SEGS * 16 * meta_words<P>(a);
+        if constexpr (TC) {
+          mma_unit<B, SEGS>(a, w, s, meta, xfrag, group_sx, g, t, acc);
+        } else if (a.cols % 2 == 0 && (s + 1) * kUnitCols <= a.cols) {
+          compute_unit<true, B, P, M, SEGS>(a, w, s, meta, xr, group_sx, g, t, acc);
+        } else {
+          compute_unit<false, B, P, M, SEGS>(a, w, s, meta, xr, group_sx, g, t, acc);
+        }
+      }
+      __syncwarp();
+      if (lane == 0) mbar_arrive(empty + slot);
     }
-#pragma unroll
-    for (int p = 0; p < P; ++p)
-#pragma unroll
-      for (int u = 0; u < B / 2; ++u)
-#pragma unroll
-        for (int k = 0; k < 4; ++k) cur[p][u][k] = nxt[p][u][k];
-  }
 
-  // Lanes 4 g .. 4 g + 3 share rows g, g + 8; then the warps' K shares through shared memory.
+    // Lanes 4 g .. 4 g + 3 share rows g, g + 8 (each holds the sum when TC); then the warps' shares through shared memory, in the half of
+    // `partial` this tile's parity picks: the next tile's writes go to the other half, and the one after waits at
+    // the next barrier for this tile's reads.
+    float* part = partial + parity * consumers * 16 * M;
 #pragma unroll
-  for (int r = 0; r < 2; ++r)
+    for (int r = 0; r < 2; ++r)
 #pragma unroll
-    for (int i = 0; i < M; ++i) {
-      float v = acc[r][i];
-      v += __shfl_xor_sync(0xFFFFFFFFu, v, 1);
-      v += __shfl_xor_sync(0xFFFFFFFFu, v, 2);
-      if (t == 0) partial[warp][g + 8 * r][i] = v;
+      for (int k = 0; k < M; ++k) {
+        float v = acc[r][k];
+        if constexpr (!TC) {
+          v += __shfl_xor_sync(0xFFFFFFFFu, v, 1);
+          v += __shfl_xor_sync(0xFFFFFFFFu, v, 2);
+        }
+        if (t == 0) part[(warp * 16 + g + 8 * r) * M + k] = v;
+        acc[r][k] = 0.0f;
+      }
+    consumers_sync(consumers);
+    for (int idx = warp * 32 + lane; idx < 16 * M; idx += consumers * 32) {
+      const int k = idx / 16, rr = idx % 16;
+      const int64_t row = tile * 16 + rr;
+      if (k >= m || row >= a.rows) continue;
+      float v = 0.0f;
+      for (int wp = 0; wp < consumers; ++wp) v += part[(wp * 16 + rr) * M + k];
+      y[k * a.rows + row] = v;
     }
-  __syncthreads();
-  for (int idx = threadIdx.x; idx < 16 * M; idx += blockDim.x) {
-    const int i = idx / 16, rr = idx % 16;
-    const int64_t row = tile * 16 + rr;
-    if (i >= m || row >= a.rows) continue;
-    float v = 0.0f;
-    for (int wp = 0; wp < warps; ++wp) v += partial[wp][rr][i];
-    y[i * a.rows + row] = v;
   }
+}
+
+// Shared memory besides the ring: its full and empty mbarriers, with TC xfrag (64 bytes per k16 step of the whole
+// units: zeros past the row), group_sx [groups][M], partial [2][consumers][16][M].
+template <int B, int M, bool TC>
+size_t smem_besides_ring(const FmaArgs& a, int slots, int consumers) {
+  const int64_t units = (a.kblocks + B / 2 - 1) / (B / 2);
+  return 16 * static_cast<size_t>(slots) + static_cast<size_t>(a.groups) * M * sizeof(float) +
+         2 * static_cast<size_t>(consumers) * 16 * M * sizeof(float) + (TC ? static_cast<size_t>(units) * 8 * 64 : 0);
+}
+
+template <int B, int P, int M, int SEGS, bool TC>
+__global__ void __launch_bounds__(kMaxThreads, 1)
+    affine_fma_kernel(FmaArgs a, Ring ring, const float* __restrict__ x, int m, float* __restrict__ y) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  const int consumers = blockDim.x / 32 - 1, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + static_cast<size_t>(ring.slots) * ring.slot_bytes);
+  uint64_t* empty = full + ring.slots;
+  uint2* xfrag = reinterpret_cast<uint2*>(empty + ring.slots);
+  float* group_sx = reinterpret_cast<float*>(xfrag + (TC ? (a.kblocks + B / 2 - 1) / (B / 2) * 64 : 0));
+  float* partial = group_sx + a.groups * M;
+  const int64_t tile_units = (a.kblocks + B / 2 - 1) / (B / 2);
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < ring.slots; ++s) mbar_init(full + s, 1), mbar_init(empty + s, consumers);
+#if __CUDA_ARCH__ >= 900
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+  }
+  __syncthreads();
+  if (warp == consumers) {
+    produce<B, P, SEGS>(a, ring, smem, full, empty, tile_units, lane);
+  } else {
+    consume<B, P, M, SEGS, TC>(a, ring, smem, full, empty, tile_units, x, m, y, group_sx, partial, xfrag, consumers,
+                               warp, lane);
+  }
+}
+
+// Measured 2026-12-03 at 28672 x 8192 (affine4 g128): a ring of 160 KB in slots of 16 units ran 1.76 TB/s, one of
+// 96 KB in slots of 8 units 1.38 (each slot costs every consumer a wait and an arrive).
+constexpr int kConsumers = kMaxConsumers;
+constexpr int kRingBytes = 160 << 10;
+constexpr int kSlotCodeBytes = 12 << 10;  // at least; a slot holds a multiple of kConsumers units
+
+int sm_count() {
+  int device = 0, n = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device);
+  return n > 0 ? n : 1;
+}
+
+constexpr size_t kMaxSmem = 227 << 10;
+
+// Launches with TC if its shared memory leaves room for a ring of at least 32 KB, else returns false.
+template <int B, int P, int M, int SEGS, bool TC>
+bool launch_kernel(const FmaArgs& a, const float* x, int m, float* y, CUstream_st* s) {
+  static const bool attribute_set = [] {
+    cudaFuncSetAttribute(affine_fma_kernel<B, P, M, SEGS, TC>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         static_cast<int>(kMaxSmem));
+    return true;
+  }();
+  (void)attribute_set;
+  const int unit_code_bytes = P * (B / 2) * kKblockBytes;
+  Ring ring{};
+  ring.units = kConsumers * ((kSlotCodeBytes + kConsumers * unit_code_bytes - 1) / (kConsumers * unit_code_bytes));
+  ring.slot_bytes = static_cast<uint32_t>(ring.units * (unit_code_bytes + SEGS * 64 * P * (a.meta_f32 ? 2 : 1)));
+  const size_t besides = smem_besides_ring<B, M, TC>(a, 64, kConsumers);
+  const size_t room = besides < kMaxSmem ? kMaxSmem - besides : 0;
+  const size_t ring_bytes = room < size_t{kRingBytes} ? room : size_t{kRingBytes};
+  if (TC && ring_bytes < (32 << 10)) return false;
+  ring.slots = static_cast<int>(ring_bytes / ring.slot_bytes);
+  ring.slots = ring.slots < 2 ? 2 : (ring.slots > 64 ? 64 : ring.slots);
+  const int64_t blocks = a.row_tiles < sm_count() ? a.row_tiles : sm_count();
+  const size_t smem =
+      static_cast<size_t>(ring.slots) * ring.slot_bytes + smem_besides_ring<B, M, TC>(a, ring.slots, kConsumers);
+  affine_fma_kernel<B, P, M, SEGS, TC><<<static_cast<unsigned>(blocks), (kConsumers + 1) * 32, smem, s>>>(a, ring, x,
+                                                                                                         m, y);
+  return true;
 }
 
 // MaxBatch: the widest batch compiled (affine runs only batch 1 here, matvec.h says why).
 template <int B, int P, int SEGS, int MaxBatch>
-void launch_segs(const FmaArgs& a, int64_t row_tiles, const float* x, int m, int batch, float* y, CUstream_st* s) {
-  // Enough stages per warp to keep a load in flight behind the decode; short rows take 8 warps.
-  const int64_t stages = (a.kblocks + B / 2 - 1) / (B / 2);
-  const int warps = stages >= 8 * kMaxWarps / 2 ? kMaxWarps : kMaxWarps / 2;
-  const auto blocks = static_cast<unsigned>(row_tiles);
-  const size_t smem = static_cast<size_t>(a.groups) * batch * sizeof(float);
+void launch_segs(const FmaArgs& a, const float* x, int m, int batch, float* y, CUstream_st* s) {
   if constexpr (MaxBatch == 1) {
-    affine_fma_kernel<B, P, 1, SEGS><<<blocks, warps * 32, smem, s>>>(a, x, m, y);
+    if (!launch_kernel<B, P, 1, SEGS, true>(a, x, m, y, s)) launch_kernel<B, P, 1, SEGS, false>(a, x, m, y, s);
   } else {
     switch (batch) {
-      case 1: return affine_fma_kernel<B, P, 1, SEGS><<<blocks, warps * 32, smem, s>>>(a, x, m, y);
-      case 2: return affine_fma_kernel<B, P, 2, SEGS><<<blocks, warps * 32, smem, s>>>(a, x, m, y);
-      default: return affine_fma_kernel<B, P, 4, SEGS><<<blocks, warps * 32, smem, s>>>(a, x, m, y);
+      case 1: launch_kernel<B, P, 1, SEGS, false>(a, x, m, y, s); return;
+      case 2: launch_kernel<B, P, 2, SEGS, false>(a, x, m, y, s); return;
+      default: launch_kernel<B, P, 4, SEGS, false>(a, x, m, y, s); return;
     }
   }
 }
@@ -328,22 +593,22 @@ void launch_segs(const FmaArgs& a, int64_t row_tiles, const float* x, int m, int
 }  // namespace
 
 void launch_affine_fma_kernel(const AffineMmaDevice& w, const float* x, int m, int batch, float* y, CUstream_st* s) {
-  const FmaArgs a{{w.codes, nullptr}, w.meta, w.rows, w.cols, w.kblocks,
+  const FmaArgs a{{w.codes, nullptr}, w.meta,     w.rows, w.cols, w.row_tiles, w.kblocks,
                   w.kblocks * mma_kblock_cols(w.bits) / w.group, w.meta_f32};
-  const int segs = kStageCols / w.group;
+  const int segs = kUnitCols / w.group;
   if (w.bits == 2) {
-    if (segs == 1) return launch_segs<2, 1, 1, 1>(a, w.row_tiles, x, m, batch, y, s);
-    if (segs == 2) return launch_segs<2, 1, 2, 1>(a, w.row_tiles, x, m, batch, y, s);
-    return launch_segs<2, 1, 4, 1>(a, w.row_tiles, x, m, batch, y, s);
+    if (segs == 1) return launch_segs<2, 1, 1, 1>(a, x, m, batch, y, s);
+    if (segs == 2) return launch_segs<2, 1, 2, 1>(a, x, m, batch, y, s);
+    return launch_segs<2, 1, 4, 1>(a, x, m, batch, y, s);
   }
-  if (segs == 1) return launch_segs<4, 1, 1, 1>(a, w.row_tiles, x, m, batch, y, s);
-  if (segs == 2) return launch_segs<4, 1, 2, 1>(a, w.row_tiles, x, m, batch, y, s);
-  launch_segs<4, 1, 4, 1>(a, w.row_tiles, x, m, batch, y, s);
+  if (segs == 1) return launch_segs<4, 1, 1, 1>(a, x, m, batch, y, s);
+  if (segs == 2) return launch_segs<4, 1, 2, 1>(a, x, m, batch, y, s);
+  launch_segs<4, 1, 4, 1>(a, x, m, batch, y, s);
 }
 
 void launch_two_plane_kernel(const TwoPlaneDevice& w, const float* x, int m, int batch, float* y, CUstream_st* s) {
-  const FmaArgs a{{w.base, w.residual}, w.meta, w.rows, w.cols, w.kblocks, w.kblocks, w.meta_f32};
-  launch_segs<2, 2, 1, kFmaMaxBatch>(a, w.row_tiles, x, m, batch, y, s);
+  const FmaArgs a{{w.base, w.residual}, w.meta, w.rows, w.cols, w.row_tiles, w.kblocks, w.kblocks, w.meta_f32};
+  launch_segs<2, 2, 1, kFmaMaxBatch>(a, x, m, batch, y, s);
 }
 
 }  // namespace lowbit::kernels::cuda
