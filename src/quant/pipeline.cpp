@@ -3,7 +3,6 @@
 #include <chrono>
 #include <cstdio>
 #include <algorithm>
-#include <deque>
 #include <map>
 
 #include "lowbit/artifact/writer.h"
@@ -451,20 +450,19 @@ QuantizeReport quantize(const QuantizeOptions& o) {
   for (auto& [layer, tensors] : by_layer) {
     LayerHessians hessians;
     if (calibrator) hessians = calibrator->hessians(layer);
-    // The layer's quantized weights replace its dense ones so the next layer calibrates on them.
-    std::deque<codec::EncodedTensor> stored;
+    // The layer's quantized weights replace its dense ones so the next layer calibrates on them. The kernel owns
+    // its encoding: the calibrator runs this layer only when the next one asks for its Hessians.
     for (const model::NamedTensor* t : tensors) {
       int64_t l;
       LinearInput input;
       linear_input_of(t->name, l, input);
       progress.set_note(t->name);
-      stored.push_back(quantizer.encode(*t, calibrator ? &hessians.of(input) : nullptr));
+      codec::EncodedTensor stored = quantizer.encode(*t, calibrator ? &hessians.of(input) : nullptr);
       if (calibrator) {
         const std::string& codec_id = report.tensors.back().choice.codec;
-        calibrator->stored(t->name, codec_id, stored.back());
-        auto* slot = layer_slot(model->layers.at(static_cast<size_t>(layer)), t->name);
-        *slot = kernels::prepare_cpu({&codec::codec_or_throw(codec_id, t->name), stored.back().params, t->ref.shape,
-                                      stored.back().views()});
+        calibrator->stored(t->name, codec_id, stored);
+        *layer_slot(model->layers.at(static_cast<size_t>(layer)), t->name) =
+            kernels::prepare_cpu_owned(codec::codec_or_throw(codec_id, t->name), t->ref.shape, std::move(stored));
       }
       progress.advance();
     }

@@ -3,6 +3,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -197,6 +198,34 @@ TEST(Quantize, RefusesAnExistingDestinationUnlessForced) {
   o.recipe = preset("affine3");
   quantize(o);
   EXPECT_EQ(artifact::Artifact::open(o.destination).provenance().recipe["name"], "affine3");
+}
+
+// Quantizing is a function of its inputs: two calibrated trellis runs (the layers after the first calibrate on
+// the quantized layers before them, run through the trellis kernel) write byte-identical tensors. The kernel in a
+// quantized layer's slot once viewed an encoding freed before the next layer ran it.
+TEST(Quantize, CalibratedTrellisRunsAreByteIdentical) {
+  const fs::path dir = fs::path(LOWBIT_SHARED_DIR) / "models/stories260K";
+  const fs::path text = fs::path(LOWBIT_SHARED_DIR) / "data/tinystories-valid-excerpt.txt";
+  if (!fs::exists(dir / "stories260K.bin") || !fs::exists(text))
+    GTEST_SKIP() << dir << " absent (../shared not mounted)";
+  TempDir tmp;
+  QuantizeOptions o;
+  o.source = dir / "stories260K.bin";
+  o.tokenizer = dir / "tok512.bin";
+  o.recipe = preset("trellis2");
+  o.calibration = text;
+  o.calib_tokens = 512;
+  o.calib_ctx = 128;
+  std::vector<std::string> tensors;
+  for (const char* name : {"first", "second"}) {
+    o.destination = tmp.path / name;
+    const QuantizeReport r = quantize(o);
+    EXPECT_GT(std::count_if(r.tensors.begin(), r.tensors.end(), [](const auto& t) { return t.method == "block_ldlq"; }),
+              1);
+    std::ifstream in(o.destination / "model-00001.safetensors", std::ios::binary);
+    tensors.emplace_back(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  EXPECT_TRUE(tensors[0] == tensors[1]) << "two runs of the same quantize wrote different tensors";
 }
 
 // The quantize command killed at random points never leaves a partial artifact: the destination is absent or

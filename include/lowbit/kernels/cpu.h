@@ -45,6 +45,11 @@ std::span<const CpuKernelEntry> cpu_kernel_table();
 // Prepares a validated tensor for the CPU (Errc::unsupported when no kernel exists for its codec).
 std::unique_ptr<CpuLinear> prepare_cpu(const codec::TensorRef& tensor);
 
+// Prepares an encoding held in memory (a freshly quantized tensor, validated): the returned object owns its
+// arrays, so it stays usable after the caller's copy is gone.
+std::unique_ptr<CpuLinear> prepare_cpu_owned(const codec::Codec& codec, const Shape& shape,
+                                             codec::EncodedTensor tensor);
+
 // Fuses row-compatible matrices (same codec, params and width; e.g. q/k/v or gate/up) into one allocation and
 // returns one CpuLinear whose rows are theirs, in order: one kernel call computes them all. The originals stay
 // usable as views. Works for every codec whose arrays all have the rows as their first dimension; others get

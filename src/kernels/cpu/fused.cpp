@@ -1,5 +1,6 @@
-// Fused matrices: the parts' arrays are concatenated along the rows into one allocation per array, and the
-// result is prepared like any stored tensor of shape [sum of rows, cols].
+// Kernels over arrays they own: an encoding held in memory (a freshly quantized tensor), and fused matrices, whose
+// parts' arrays are concatenated along the rows into one allocation per array and prepared like any stored tensor
+// of shape [sum of rows, cols].
 #include <vector>
 
 #include "lowbit/core/checked.h"
@@ -10,22 +11,22 @@ namespace lowbit::kernels {
 
 namespace {
 
-// Owns the concatenated arrays and forwards to the kernel prepared over them.
-class FusedLinear final : public CpuLinear {
+// Owns an encoding's arrays and forwards to the kernel prepared over them.
+class OwningLinear final : public CpuLinear {
  public:
-  FusedLinear(std::vector<TensorBuffer> arrays, std::unique_ptr<CpuLinear> inner)
-      : arrays_(std::move(arrays)), inner_(std::move(inner)) {
-    if (!inner_->reads_stored_arrays()) arrays_.clear();  // the kernel's copy replaces the concatenation
+  OwningLinear(const codec::Codec& codec, const Shape& shape, codec::EncodedTensor tensor)
+      : tensor_(std::move(tensor)), inner_(prepare_cpu({&codec, tensor_.params, shape, tensor_.views()})) {
+    if (!inner_->reads_stored_arrays()) tensor_.arrays.clear();  // the kernel's copy replaces them
   }
   int64_t rows() const override { return inner_->rows(); }
   int64_t cols() const override { return inner_->cols(); }
   uint64_t weight_bytes() const override { return inner_->weight_bytes(); }
   void matmul(const float* x, int64_t m, float* y, ThreadPool& pool) const override { inner_->matmul(x, m, y, pool); }
   void gather_rows(std::span<const int32_t> ids, float* out) const override { inner_->gather_rows(ids, out); }
-  bool reads_stored_arrays() const override { return false; }  // the parts' arrays were copied
+  bool reads_stored_arrays() const override { return false; }  // the arrays are its own
 
  private:
-  std::vector<TensorBuffer> arrays_;  // the fused tensor's storage while inner_ views it
+  codec::EncodedTensor tensor_;  // the storage inner_ views (declared first: built before inner_)
   std::unique_ptr<CpuLinear> inner_;
 };
 
@@ -48,6 +49,11 @@ void check_compatible(std::span<const codec::TensorRef> parts) {
 
 }  // namespace
 
+std::unique_ptr<CpuLinear> prepare_cpu_owned(const codec::Codec& codec, const Shape& shape,
+                                             codec::EncodedTensor tensor) {
+  return std::make_unique<OwningLinear>(codec, shape, std::move(tensor));
+}
+
 std::unique_ptr<CpuLinear> prepare_cpu_fused(std::span<const codec::TensorRef> parts) {
   check_compatible(parts);
   const codec::TensorRef& first = parts.front();
@@ -55,9 +61,9 @@ std::unique_ptr<CpuLinear> prepare_cpu_fused(std::span<const codec::TensorRef> p
   for (const codec::TensorRef& p : parts)
     rows = static_cast<int64_t>(checked_add(static_cast<uint64_t>(rows), static_cast<uint64_t>(p.shape[0]),
                                             "[prepare_cpu_fused] rows"));
-  codec::TensorRef fused{first.codec, first.params, {rows, first.shape[1]}, {}};
-  std::vector<TensorBuffer> arrays;
-  for (const codec::ArraySpec& spec : first.codec->arrays(fused.params, fused.shape)) {
+  const Shape shape{rows, first.shape[1]};
+  codec::EncodedTensor fused{first.params, {}};
+  for (const codec::ArraySpec& spec : first.codec->arrays(first.params, shape)) {
     TensorBuffer buffer = make_buffer(spec.dtype, spec.shape);
     size_t offset = 0;
     for (const codec::TensorRef& p : parts) {
@@ -70,12 +76,9 @@ std::unique_ptr<CpuLinear> prepare_cpu_fused(std::span<const codec::TensorRef> p
     if (offset != buffer.bytes.size())
       fail(Errc::truncated, "[prepare_cpu_fused] array '{}' holds {} bytes, expected {}", spec.role, offset,
            buffer.bytes.size());
-    arrays.push_back(std::move(buffer));
+    fused.arrays.emplace_back(spec.role, std::move(buffer));
   }
-  for (size_t i = 0; i < arrays.size(); ++i)
-    fused.arrays.items.emplace_back(first.codec->arrays(fused.params, fused.shape)[i].role, arrays[i].view());
-  auto inner = prepare_cpu(fused);
-  return std::make_unique<FusedLinear>(std::move(arrays), std::move(inner));
+  return prepare_cpu_owned(*first.codec, shape, std::move(fused));
 }
 
 }  // namespace lowbit::kernels
