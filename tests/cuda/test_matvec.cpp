@@ -110,9 +110,12 @@ TEST_F(CudaMatvec, AffineMmaSplitKMatchesDecodeRows) {
     }
 }
 
-// Batch 1 of 2/4 bits runs the persistent kernel of affine_fma.cu: more tiles than SMs (blocks take several
-// tiles), rows long enough to wrap the ring of shared-memory slots, partial tiles, units and slots, and rows too
-// long for the tensor-core decode's activation fragments in shared memory (the CUDA-core decode takes them).
+// Batch 1 of 2/4 bits and, on matrices tall enough (matvec.h), batches 2..8 of 4 bits run the persistent kernel of
+// affine_fma.cu: more tiles than SMs (blocks take several tiles), rows long enough to wrap the ring of
+// shared-memory slots, partial tiles, units and slots, batches that fill part of their width (3 of 4, 6 of 8), and
+// rows too long for the tensor-core decode's activation fragments in shared memory (batch 1 decodes them on the
+// CUDA cores, wider batches run affine_mma.cu). The last two shapes are tall enough for batches 2..4 and 2..8 on
+// an H200 (132 SMs).
 TEST_F(CudaMatvec, AffineFmaMatchesDecodeRows) {
   struct Case {
     int64_t rows, cols;
@@ -121,12 +124,15 @@ TEST_F(CudaMatvec, AffineFmaMatchesDecodeRows) {
   };
   for (int bits : {2, 4})
     for (const Case& c : {Case{4500, 700, 128, "bf16"}, Case{300, 20001, 32, "f32"}, Case{1000, 4096, 64, "bf16"},
-                         Case{40, 50000, 128, "bf16"}}) {
+                         Case{40, 50000, 128, "bf16"}, Case{16000, 1500, 128, "bf16"},
+                         Case{30001, 520, 64, "f32"}}) {
       const Encoded e =
           encode("affine", {{"bits", bits}, {"group_size", c.group}, {"scale_dtype", c.dt}}, c.rows, c.cols, rng);
-      SCOPED_TRACE(::testing::Message() << bits << " bits, group " << c.group << ", " << c.dt << " [" << c.rows
-                                        << ", " << c.cols << "]");
-      EXPECT_LT(matmul_error(e.ref, 1, rng), 2e-5);
+      for (int m : {1, 2, 3, 4, 6, 8}) {
+        SCOPED_TRACE(::testing::Message() << bits << " bits, group " << c.group << ", " << c.dt << " [" << c.rows
+                                          << ", " << c.cols << "], m " << m);
+        EXPECT_LT(matmul_error(e.ref, m, rng), 2e-5);
+      }
     }
 }
 

@@ -1,5 +1,6 @@
-// Affine 2/4-bit (batch 1) and two-plane (batch 1..4) decode matvec, reading the tensor-core layout (AffineMmaDevice
-// in matvec.h), so one device copy of the weights serves this kernel and affine_mma.cu.
+// Affine 2/4-bit (batch 1; 4 bits also batch 2..8 on tall matrices) and two-plane (batch 1..4) decode matvec,
+// reading the tensor-core layout (AffineMmaDevice in matvec.h), so one device copy of the weights serves this
+// kernel and affine_mma.cu.
 //
 // Persistent blocks, one per SM: block b takes the 16-row tiles b, b + grid, ... In the layout a tile's k-blocks
 // are one contiguous run, so a producer warp streams the block's tiles, slot by slot, into a ring of shared memory
@@ -11,8 +12,9 @@
 //
 // Affine decodes on the tensor cores (TC): a lane's 16 bytes are its mma A fragments, each register pair the
 // codes under the exponent of the bf16 128.0 (exactly 128 + q, one shift and one LOP3), and the block builds the B
-// fragments of x once (bf16 hi + lo, so the products keep f32 accuracy; B column n holds hi or lo by parity), so
-// one mma.sync m16n8k16 covers 256 codes. Per group, with C = sum (128 + q) x and Sx = sum x (of hi + lo),
+// fragments of x once (bf16 hi + lo, so the products keep f32 accuracy; B column n holds hi or lo by parity, of
+// batch row n / 2 in an n-tile of 4 rows), so one mma.sync m16n8k16 covers 256 codes for up to 4 batch rows.
+// Per group, with C = sum (128 + q) x and Sx = sum x (of hi + lo),
 //   sum (s q + b) x = s C + (b - 128 s) Sx.
 // Rows too long for the B fragments in shared memory, and two-plane (two scales per group, batch up to 4), decode
 // on the CUDA cores: in a unit a lane's words hold 32 columns of rows g and g + 8 (lane 4 g + t; step J covers
@@ -261,19 +263,24 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
-// xfrag [k16 steps][2 parts][4 t] (uint2): the mma B fragments of x for lane 4 g + t, part g % 2: columns
-// 16 step + 2 t + {0, 1} and + {8, 9} as bf16 pairs, hi (part 0) and lo = x - hi (part 1), so that hi + lo is x
-// within 2^-17 relative. B column n holds part n % 2, so D columns 2 t and 2 t + 1 hold the hi and lo sums of
-// every lane's rows: all four lanes of a row get the same sums.
-__device__ void build_xfrag(const FmaArgs& a, const float* x, uint2* xfrag, int64_t steps, int thread, int threads) {
+// xfrag [k16 steps][M batch rows][2 parts][4 t] (uint2): the mma B fragments of x, batch row i, part p for lane
+// 4 g + t: columns 16 step + 2 t + {0, 1} and + {8, 9} as bf16 pairs, hi (part 0) and lo = x - hi (part 1), so
+// that hi + lo is x within 2^-17 relative. In n-tile nt, B column n holds batch row (4 nt + n / 2) % M, part n % 2,
+// so D columns 2 t and 2 t + 1 hold the hi and lo sums of batch row (4 nt + t) % M for the lane's rows (at M = 1
+// all four lanes of a row get the same sums). Batch rows i >= m repeat row 0.
+template <int M>
+__device__ void build_xfrag(const FmaArgs& a, const float* x, int m, uint2* xfrag, int64_t steps, int thread,
+                            int threads) {
 #pragma unroll 4
-  for (int64_t e = thread; e < steps * 4; e += threads) {
-    const int64_t step = e / 4, c = step * 16 + 2 * (e % 4);
+  for (int64_t e = thread; e < steps * 4 * M; e += threads) {
+    const int64_t step = e / (4 * M), c = step * 16 + 2 * (e % 4);
+    const int i = static_cast<int>(e / 4 % M);
+    const float* xi = x + (i < m ? i : 0) * a.cols;
     float v[4];
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
       const int64_t col = c + (q & 1) + 8 * (q >> 1);
-      v[q] = col < a.cols ? __ldg(x + col) : 0.0f;
+      v[q] = col < a.cols ? __ldg(xi + col) : 0.0f;
     }
     uint32_t hi[2], lo[2];
 #pragma unroll
@@ -281,8 +288,8 @@ __device__ void build_xfrag(const FmaArgs& a, const float* x, uint2* xfrag, int6
       hi[h] = pack_bf16(v[2 * h], v[2 * h + 1]);
       lo[h] = pack_bf16(v[2 * h] - __uint_as_float(hi[h] << 16), v[2 * h + 1] - __uint_as_float(hi[h] & 0xFFFF0000u));
     }
-    xfrag[step * 8 + e % 4] = make_uint2(hi[0], hi[1]);
-    xfrag[step * 8 + 4 + e % 4] = make_uint2(lo[0], lo[1]);
+    xfrag[(step * M + i) * 8 + e % 4] = make_uint2(hi[0], hi[1]);
+    xfrag[(step * M + i) * 8 + 4 + e % 4] = make_uint2(lo[0], lo[1]);
   }
 }
 
@@ -299,35 +306,48 @@ __device__ __forceinline__ void decode_a(const uint32_t (&w)[B / 2][4], int j, u
   }
 }
 
-// acc[r][0] += the codes of unit s times x on the tensor cores: per group segment C = sum (128 + q) (hi + lo)
-// in two accumulator chains (even and odd steps), then s C + (b - 128 s) Sx. Every lane of a row ends with the
-// row's sum (the epilogue takes lane t = 0's).
-template <int B, int SEGS>
+// N-tiles of 8 columns (4 batch rows of hi + lo) for a batch of M rows.
+template <int M>
+constexpr int kNtiles = (M + 3) / 4;
+
+// acc[r][nt] (rows g, g + 8; batch row (4 nt + t) % M) += the codes of unit s times x on the tensor cores: per
+// group segment C = sum (128 + q) (hi + lo) in two accumulator chains (even and odd steps), then
+// s C + (b - 128 s) Sx. One mma per k16 step and n-tile: the decode and the weight bytes serve all M rows.
+template <int B, int M, int SEGS>
 __device__ __forceinline__ void mma_unit(const FmaArgs& a, const uint32_t (&w)[1][B / 2][4], int64_t s,
                                          const uint32_t* meta, const uint2* xfrag, const float* group_sx, int g, int t,
-                                         float (&acc)[2][1]) {
-  constexpr int kSteps = 8 / SEGS;
-  const uint2* xf = xfrag + s * 64 + (g & 1) * 4 + t;  // step j of the unit at xf[8 j]
+                                         float (&acc)[2][kNtiles<M>]) {
+  constexpr int kSteps = 8 / SEGS, NT = kNtiles<M>;
+  const uint2* xf[NT];  // step j of the unit at xf[nt][8 M j]
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) xf[nt] = xfrag + s * 64 * M + (((4 * nt + g / 2) % M) * 2 + (g & 1)) * 4 + t;
 #pragma unroll
   for (int seg = 0; seg < SEGS; ++seg) {
     const int64_t group = s * SEGS + seg;
     SegMeta<1> sm;
     sm.load(a, meta + seg * 16 * meta_words<1>(a), group < a.groups, g);
-    float d[2][4] = {};
+    float d[NT][2][4] = {};
 #pragma unroll
     for (int jj = 0; jj < kSteps; ++jj) {
       const int j = seg * kSteps + jj;
       uint32_t av[4];
       decode_a<B>(w[0], j, av);
-      const uint2 bv = xf[8 * j];
-      mma_bf16(d[jj & 1], av, bv.x, bv.y);
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const uint2 bv = xf[nt][8 * M * j];
+        mma_bf16(d[nt][jj & 1], av, bv.x, bv.y);
+      }
     }
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const float C = (d[0][2 * r] + d[0][2 * r + 1]) + (d[1][2 * r] + d[1][2 * r + 1]);
-      float v = fmaf(sm.scale[0][r], C, acc[r][0]);
-      if (group < a.groups) v = fmaf(fmaf(-128.0f, sm.scale[0][r], sm.bias[r]), group_sx[group], v);
-      acc[r][0] = v;
+    for (int nt = 0; nt < NT; ++nt) {
+      const int i = (4 * nt + t) % M;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const float C = (d[nt][0][2 * r] + d[nt][0][2 * r + 1]) + (d[nt][1][2 * r] + d[nt][1][2 * r + 1]);
+        float v = fmaf(sm.scale[0][r], C, acc[r][nt]);
+        if (group < a.groups) v = fmaf(fmaf(-128.0f, sm.scale[0][r], sm.bias[r]), group_sx[group * M + i], v);
+        acc[r][nt] = v;
+      }
     }
   }
 }
@@ -429,7 +449,7 @@ __device__ void produce(const FmaArgs& a, const Ring& ring, unsigned char* slots
 
 // The consumer warps' side of the stream: unit u of a slot goes to warp u % consumers (a slot holds a multiple of
 // `consumers` units, all but a tile's last).
-// TC: decode on the tensor cores (affine, batch 1), with the B fragments of x in xfrag.
+// TC: decode on the tensor cores (affine, batch 1..8), with the B fragments of x in xfrag.
 template <int B, int P, int M, int SEGS, bool TC>
 __device__ void consume(const FmaArgs& a, const Ring& ring, const unsigned char* slots, uint64_t* full,
                         uint64_t* empty, int64_t tile_units, const float* x, int m, float* y, float* group_sx,
@@ -440,14 +460,15 @@ __device__ void consume(const FmaArgs& a, const Ring& ring, const unsigned char*
 #pragma unroll
   for (int i = 0; i < M; ++i) xr[i] = x + (i < m ? i : 0) * a.cols;
   group_sums<M, SEGS, TC>(a, xr, group_sx, warp, consumers, lane);
-  if constexpr (TC) build_xfrag(a, x, xfrag, tile_units * (kUnitCols / 16), warp * 32 + lane, consumers * 32);
+  if constexpr (TC) build_xfrag<M>(a, x, m, xfrag, tile_units * (kUnitCols / 16), warp * 32 + lane, consumers * 32);
   consumers_sync(consumers);
 
-  float acc[2][M];
+  constexpr int A = TC ? kNtiles<M> : M;  // accumulators per row: n-tiles (TC) or batch rows
+  float acc[2][A];
 #pragma unroll
   for (int r = 0; r < 2; ++r)
 #pragma unroll
-    for (int i = 0; i < M; ++i) acc[r][i] = 0.0f;
+    for (int i = 0; i < A; ++i) acc[r][i] = 0.0f;
   int slot = 0, parity = 0;
   uint32_t phase = 0;
   for (int64_t tile = blockIdx.x; tile < a.row_tiles; tile += gridDim.x, parity ^= 1) {
@@ -469,7 +490,7 @@ __device__ void consume(const FmaArgs& a, const Ring& ring, const unsigned char*
           }
         const uint32_t* meta = reinterpret_cast<const uint32_t*>(src + P * plane_bytes) + u * SEGS * 16 * meta_words<P>(a);
         if constexpr (TC) {
-          mma_unit<B, SEGS>(a, w, s, meta, xfrag, group_sx, g, t, acc);
+          mma_unit<B, M, SEGS>(a, w, s, meta, xfrag, group_sx, g, t, acc);
         } else if (a.cols % 2 == 0 && (s + 1) * kUnitCols <= a.cols) {
           compute_unit<true, B, P, M, SEGS>(a, w, s, meta, xr, group_sx, g, t, acc);
         } else {
@@ -479,20 +500,22 @@ __device__ void consume(const FmaArgs& a, const Ring& ring, const unsigned char*
       mbar_arrive(empty + slot);
     }
 
-    // Lanes 4 g .. 4 g + 3 share rows g, g + 8 (each holds the sum when TC); then the warps' shares through shared memory, in the half of
-    // `partial` this tile's parity picks: the next tile's writes go to the other half, and the one after waits at
-    // the next barrier for this tile's reads.
+    // Lanes 4 g .. 4 g + 3 share rows g, g + 8: on the CUDA cores each holds a part of every batch row's sum,
+    // on the tensor cores lane t the whole sums of batch rows 4 nt + t. Then the warps' shares through shared
+    // memory, in the half of `partial` this tile's parity picks: the next tile's writes go to the other half, and
+    // the one after waits at the next barrier for this tile's reads.
     float* part = partial + parity * consumers * 16 * M;
 #pragma unroll
     for (int r = 0; r < 2; ++r)
 #pragma unroll
-      for (int k = 0; k < M; ++k) {
+      for (int k = 0; k < A; ++k) {
         float v = acc[r][k];
         if constexpr (!TC) {
           v += __shfl_xor_sync(0xFFFFFFFFu, v, 1);
           v += __shfl_xor_sync(0xFFFFFFFFu, v, 2);
         }
-        if (t == 0) part[(warp * 16 + g + 8 * r) * M + k] = v;
+        const int i = TC ? 4 * k + t : k;
+        if (TC ? i < M : t == 0) part[(warp * 16 + g + 8 * r) * M + i] = v;
         acc[r][k] = 0.0f;
       }
     consumers_sync(consumers);
@@ -507,13 +530,13 @@ __device__ void consume(const FmaArgs& a, const Ring& ring, const unsigned char*
   }
 }
 
-// Shared memory besides the ring: its full and empty mbarriers, with TC xfrag (64 bytes per k16 step of the whole
-// units: zeros past the row), group_sx [groups][M], partial [2][consumers][16][M].
-template <int B, int M, bool TC>
-size_t smem_besides_ring(const FmaArgs& a, int slots, int consumers) {
-  const int64_t units = (a.kblocks + B / 2 - 1) / (B / 2);
-  return 16 * static_cast<size_t>(slots) + static_cast<size_t>(a.groups) * M * sizeof(float) +
-         2 * static_cast<size_t>(consumers) * 16 * M * sizeof(float) + (TC ? static_cast<size_t>(units) * 8 * 64 : 0);
+// Shared memory besides the ring: its full and empty mbarriers, with TC xfrag (64 M bytes per k16 step of the
+// whole units: zeros past the row), group_sx [groups][M], partial [2][consumers][16][M].
+size_t smem_besides_ring(const FmaArgs& a, int bits, int m, bool tc, int slots, int consumers) {
+  const int64_t units = (a.kblocks + bits / 2 - 1) / (bits / 2);
+  return 16 * static_cast<size_t>(slots) + static_cast<size_t>(a.groups) * m * sizeof(float) +
+         2 * static_cast<size_t>(consumers) * 16 * m * sizeof(float) +
+         (tc ? static_cast<size_t>(units) * 8 * 64 * m : 0);
 }
 
 template <int B, int P, int M, int SEGS, bool TC>
@@ -524,7 +547,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + static_cast<size_t>(ring.slots) * ring.slot_bytes);
   uint64_t* empty = full + ring.slots;
   uint2* xfrag = reinterpret_cast<uint2*>(empty + ring.slots);
-  float* group_sx = reinterpret_cast<float*>(xfrag + (TC ? (a.kblocks + B / 2 - 1) / (B / 2) * 64 : 0));
+  float* group_sx = reinterpret_cast<float*>(xfrag + (TC ? (a.kblocks + B / 2 - 1) / (B / 2) * 64 * M : 0));
   float* partial = group_sx + a.groups * M;
   const int64_t tile_units = (a.kblocks + B / 2 - 1) / (B / 2);
   if (threadIdx.x == 0) {
@@ -556,8 +579,16 @@ int sm_count() {
 }
 
 constexpr size_t kMaxSmem = 227 << 10;
+constexpr size_t kMinRingBytes = 32 << 10;  // the TC decode needs at least this much room for the ring
 
-// Launches with TC if its shared memory leaves room for a ring of at least 32 KB, else returns false.
+// The ring's share of shared memory: up to kRingBytes, as much as the rest leaves.
+size_t ring_room(const FmaArgs& a, int bits, int m, bool tc) {
+  const size_t besides = smem_besides_ring(a, bits, m, tc, 64, kConsumers);
+  const size_t room = besides < kMaxSmem ? kMaxSmem - besides : 0;
+  return room < size_t{kRingBytes} ? room : size_t{kRingBytes};
+}
+
+// Launches with TC if its shared memory leaves room for a ring of at least kMinRingBytes, else returns false.
 template <int B, int P, int M, int SEGS, bool TC>
 bool launch_kernel(const FmaArgs& a, const float* x, int m, float* y, CUstream_st* s) {
   static const bool attribute_set = [] {
@@ -570,53 +601,76 @@ bool launch_kernel(const FmaArgs& a, const float* x, int m, float* y, CUstream_s
   Ring ring{};
   ring.units = kConsumers * ((kSlotCodeBytes + kConsumers * unit_code_bytes - 1) / (kConsumers * unit_code_bytes));
   ring.slot_bytes = static_cast<uint32_t>(ring.units * (unit_code_bytes + SEGS * 64 * P * (a.meta_f32 ? 2 : 1)));
-  const size_t besides = smem_besides_ring<B, M, TC>(a, 64, kConsumers);
-  const size_t room = besides < kMaxSmem ? kMaxSmem - besides : 0;
-  const size_t ring_bytes = room < size_t{kRingBytes} ? room : size_t{kRingBytes};
-  if (TC && ring_bytes < (32 << 10)) return false;
+  const size_t ring_bytes = ring_room(a, B, M, TC);
+  if (TC && ring_bytes < kMinRingBytes) return false;
   ring.slots = static_cast<int>(ring_bytes / ring.slot_bytes);
   ring.slots = ring.slots < 2 ? 2 : (ring.slots > 64 ? 64 : ring.slots);
   const int64_t blocks = a.row_tiles < sm_count() ? a.row_tiles : sm_count();
   const size_t smem =
-      static_cast<size_t>(ring.slots) * ring.slot_bytes + smem_besides_ring<B, M, TC>(a, ring.slots, kConsumers);
+      static_cast<size_t>(ring.slots) * ring.slot_bytes + smem_besides_ring(a, B, M, TC, ring.slots, kConsumers);
   affine_fma_kernel<B, P, M, SEGS, TC><<<static_cast<unsigned>(blocks), (kConsumers + 1) * 32, smem, s>>>(a, ring, x,
                                                                                                          m, y);
   return true;
 }
 
-// MaxBatch: the widest batch compiled (affine runs only batch 1 here, matvec.h says why).
-template <int B, int P, int SEGS, int MaxBatch>
-void launch_segs(const FmaArgs& a, const float* x, int m, int batch, float* y, CUstream_st* s) {
-  if constexpr (MaxBatch == 1) {
-    if (!launch_kernel<B, P, 1, SEGS, true>(a, x, m, y, s)) launch_kernel<B, P, 1, SEGS, false>(a, x, m, y, s);
-  } else {
+// Affine on the tensor cores, batch 1 at both widths and 2..8 at 4 bits (affine_fma_serves checked that x's
+// fragments fit); batch 1 falls back to the CUDA-core decode when they do not.
+template <int B, int SEGS>
+void launch_affine(const FmaArgs& a, const float* x, int m, int batch, float* y, CUstream_st* s) {
+  if constexpr (B == 4) {
     switch (batch) {
-      case 1: launch_kernel<B, P, 1, SEGS, false>(a, x, m, y, s); return;
-      case 2: launch_kernel<B, P, 2, SEGS, false>(a, x, m, y, s); return;
-      default: launch_kernel<B, P, 4, SEGS, false>(a, x, m, y, s); return;
+      case 2: launch_kernel<B, 1, 2, SEGS, true>(a, x, m, y, s); return;
+      case 4: launch_kernel<B, 1, 4, SEGS, true>(a, x, m, y, s); return;
+      case 8: launch_kernel<B, 1, 8, SEGS, true>(a, x, m, y, s); return;
+      default: break;
     }
   }
+  if (!launch_kernel<B, 1, 1, SEGS, true>(a, x, m, y, s)) launch_kernel<B, 1, 1, SEGS, false>(a, x, m, y, s);
+}
+
+template <int B>
+void launch_affine_segs(const FmaArgs& a, int segs, const float* x, int m, int batch, float* y, CUstream_st* s) {
+  if (segs == 1) return launch_affine<B, 1>(a, x, m, batch, y, s);
+  if (segs == 2) return launch_affine<B, 2>(a, x, m, batch, y, s);
+  launch_affine<B, 4>(a, x, m, batch, y, s);
+}
+
+FmaArgs affine_args(const AffineMmaDevice& w) {
+  return {{w.codes, nullptr}, w.meta,    w.rows, w.cols, w.row_tiles, w.kblocks,
+          w.kblocks * mma_kblock_cols(w.bits) / w.group, w.meta_f32};
 }
 
 }  // namespace
 
+// Batches 2..8: every block reads all of x (batch x cols floats, in its prologue), so the persistent kernel pays
+// off only where that is small against the block's share of the weights. Measured 2026-12-03 (H200, 132 blocks,
+// 4 bits g128, us, against affine_mma.cu): 28672 x 8192 m = 2 / 4: 64.0 / 70.0 (95.0 / 99.7); 128256 x 4096
+// m = 2 / 4 / 8: 142 / 141 / 174 (156 / 161 / 252); 28672 x 4096 m = 2 / 4 / 8: 39.7 / 43.0 / 57.1 (49.3 / 51.4 /
+// 66.5); 14336 x 4096 m = 2 / 4 / 8: 23.9 / 26.9 / 37.0 (26.5 / 27.4 / 35.1); 6144 x 4096 m = 2 / 4: 14.8 / 18.1
+// (17.3 / 17.6); 4096 x 4096 m = 2: 11.9 (10.3). So rows >= 20 batch blocks (x's bytes at most 0.4 of the block's
+// weight bytes). 2 bits lost at most shapes (14336 x 4096 m = 4: 27.3 vs 21.3: the 2-bit decode, bound by the
+// CUDA cores at batch 1 already, gains less from reading the weights once), so they keep affine_mma.cu.
+bool affine_fma_serves(const AffineMmaDevice& w, int batch) {
+  const FmaArgs a = affine_args(w);
+  if (batch == 1) return fma_group_sums_fit(a.groups, 1);
+  const int64_t blocks = a.row_tiles < sm_count() ? a.row_tiles : sm_count();
+  return w.bits == 4 && batch <= kFmaTcMaxBatch && w.rows >= 20 * batch * blocks &&
+         ring_room(a, w.bits, batch, true) >= kMinRingBytes;
+}
+
 void launch_affine_fma_kernel(const AffineMmaDevice& w, const float* x, int m, int batch, float* y, CUstream_st* s) {
-  const FmaArgs a{{w.codes, nullptr}, w.meta,     w.rows, w.cols, w.row_tiles, w.kblocks,
-                  w.kblocks * mma_kblock_cols(w.bits) / w.group, w.meta_f32};
   const int segs = kUnitCols / w.group;
-  if (w.bits == 2) {
-    if (segs == 1) return launch_segs<2, 1, 1, 1>(a, x, m, batch, y, s);
-    if (segs == 2) return launch_segs<2, 1, 2, 1>(a, x, m, batch, y, s);
-    return launch_segs<2, 1, 4, 1>(a, x, m, batch, y, s);
-  }
-  if (segs == 1) return launch_segs<4, 1, 1, 1>(a, x, m, batch, y, s);
-  if (segs == 2) return launch_segs<4, 1, 2, 1>(a, x, m, batch, y, s);
-  launch_segs<4, 1, 4, 1>(a, x, m, batch, y, s);
+  if (w.bits == 2) return launch_affine_segs<2>(affine_args(w), segs, x, m, batch, y, s);
+  launch_affine_segs<4>(affine_args(w), segs, x, m, batch, y, s);
 }
 
 void launch_two_plane_kernel(const TwoPlaneDevice& w, const float* x, int m, int batch, float* y, CUstream_st* s) {
   const FmaArgs a{{w.base, w.residual}, w.meta, w.rows, w.cols, w.row_tiles, w.kblocks, w.kblocks, w.meta_f32};
-  launch_segs<2, 2, 1, kFmaMaxBatch>(a, x, m, batch, y, s);
+  switch (batch) {
+    case 1: launch_kernel<2, 2, 1, 1, false>(a, x, m, y, s); return;
+    case 2: launch_kernel<2, 2, 2, 1, false>(a, x, m, y, s); return;
+    default: launch_kernel<2, 2, 4, 1, false>(a, x, m, y, s); return;
+  }
 }
 
 }  // namespace lowbit::kernels::cuda

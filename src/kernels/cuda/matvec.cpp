@@ -52,7 +52,7 @@ void affine_mma_matmul(const AffineMmaDevice& w, const float* x, int m, float* y
       kpad < w.cols)
     fail(Errc::unsupported, "[cuda affine mma] {} bits, group {}, padded width {} has no kernel", w.bits, w.group, kpad);
   const int batch = batch_width(m, w.row_tiles * 16);
-  if (batch == 1 && fma_group_sums_fit(kpad / w.group, 1)) {
+  if (affine_fma_serves(w, batch)) {
     launch_affine_fma_kernel(w, x, m, batch, y, s);
   } else {
     launch_affine_mma_kernel(w, x, m, batch, y, s);

@@ -84,13 +84,17 @@ struct AffineMmaDevice {
 };
 inline int64_t mma_kblock_cols(int bits) { return 256 / bits; }
 
-// Affine 2/4 bits run batch 1 on the CUDA cores (affine_fma.cu), reading the tensor-core layout, and wider
-// batches on the tensor cores (measured 2026-12-03 at 14336 x 4096: the CUDA-core kernel takes 18 us at batch 1
-// and 34 / 44 us at batch 2 / 4, the tensor-core kernel about 29 us at every batch up to 4). Two-plane has only
-// the CUDA-core kernel: batches of up to kFmaMaxBatch rows per launch.
+// Affine 2/4 bits run batch 1 in the persistent kernel of affine_fma.cu (reading the tensor-core layout), and at
+// 4 bits batches up to kFmaTcMaxBatch too (decoding on the tensor cores with x's B fragments in shared memory,
+// every weight byte read once whatever the batch) where affine_fma_serves says they fit and pay off; other batches
+// run the split-K kernel of affine_mma.cu. Two-plane has only the persistent kernel's CUDA-core decode: batches of
+// up to kFmaMaxBatch rows per launch.
 inline constexpr int kFmaMaxBatch = 4;
+inline constexpr int kFmaTcMaxBatch = 8;
 // The CUDA-core kernel keeps the activations' group sums [groups][batch] in shared memory.
 inline bool fma_group_sums_fit(int64_t groups, int batch) { return groups * batch * 4 <= (40 << 10); }
+// Whether the persistent kernel serves affine batch width `batch` (1, 2, 4, 8) of w (affine_fma.cu says when).
+bool affine_fma_serves(const AffineMmaDevice& w, int batch);
 
 // Two-plane (codec two_plane, group 128): w = s_b q_b + b_b + s_r q_r + b_r, each plane's 2-bit codes in the
 // tensor-core layout of AffineMmaDevice (k-blocks of 128 columns = one group);
