@@ -48,10 +48,10 @@ for r in rows:
     print(f"{r['codec']:>9} {r['batch']:>5} {r['decode_tokens_per_s']:>13.1f} {r['decode_tokens_per_s'] / one[r['codec']]:>8.2f} "
           f"{r['ms_per_step']:>8.3f} {r.get('matmul_ms_per_step', 0):>9.3f} {gb:>10.2f} "
           f"{gb / (r['ms_per_step'] / 1e3):>6.0f} {r['prefill_tokens_per_s']:>13.1f}")
-print("batch 1, ms per step: whole step; matmuls alone; what each other part adds (step minus step without it)")
+print("ms per step: whole step; matmuls alone; what each other part adds (step minus step without it)")
 for r in rows:
-    if r["batch"] == 1 and r.get("matmul_ms_per_step"):
-        print(f"  {r['codec']:>9}: {r['ms_per_step']:.3f} = matmuls {r['matmul_ms_per_step']:.3f} + rest; norm+embed "
+    if r.get("matmul_ms_per_step"):
+        print(f"  {r['codec']:>9} b{r['batch']:<2}: {r['ms_per_step']:.3f} = matmuls {r['matmul_ms_per_step']:.3f} + rest; norm+embed "
               f"{r['norm_ms']:.3f}, rope+kv {r['rope_ms']:.3f}, attention {r['attention_ms']:.3f}, swiglu {r['swiglu_ms']:.3f}")
 PY
 exit $status

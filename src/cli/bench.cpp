@@ -91,7 +91,10 @@ std::vector<Row> measure(const Args& a) {
     for (const std::string& codec : a.codecs) {
       std::fprintf(stderr, "[bench] synthetic %s %s: generating and uploading weights\n", a.synthetic->c_str(),
                    codec.c_str());
+      const auto t0 = Clock::now();
       const model::SyntheticModel s = model::synthetic_model(*a.synthetic, codec, 1, a.layers);
+      std::fprintf(stderr, "[bench] synthetic %s %s: generated in %.1f s\n", a.synthetic->c_str(), codec.c_str(),
+                   seconds_since(t0));
       for (const model::Speed& speed : model::measure_cuda(s.config, s.lookup, gpu))
         rows.push_back({*a.synthetic, codec, speed});
     }
@@ -127,7 +130,7 @@ void run(const Args& a) {
                              {"ms_per_step", r.speed.ms_per_step}, {"matmul_ms_per_step", r.speed.matmul_ms_per_step},
                              {"norm_ms", r.speed.norm_ms}, {"rope_ms", r.speed.rope_ms},
                              {"attention_ms", r.speed.attention_ms}, {"swiglu_ms", r.speed.swiglu_ms},
-                             {"weight_bytes", r.speed.weight_bytes}});
+                             {"weight_bytes", r.speed.weight_bytes}, {"load_s", r.speed.load_seconds}});
     std::printf("%s\n", out.dump().c_str());
     return;
   }

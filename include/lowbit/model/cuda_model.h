@@ -113,11 +113,12 @@ struct Speed {
   double prefill_tokens_per_s = 0;  // measured once, reported with every batch
   double decode_tokens_per_s = 0;   // all B sequences together
   double ms_per_step = 0;
-  // Batch 1 only (0 otherwise): the same steps launching only the matmuls, and how much each part adds (the
-  // step's time minus its time without that part).
+  // The same steps launching only the matmuls, and how much each part adds (the step's time minus its time
+  // without that part).
   double matmul_ms_per_step = 0;
   double norm_ms = 0, rope_ms = 0, attention_ms = 0, swiglu_ms = 0;
   uint64_t weight_bytes = 0;  // read by one step's matmuls
+  double load_seconds = 0;    // preparing and uploading the weights (CudaModel's constructor), once
 };
 // Errc::usage in a build without CUDA.
 std::vector<Speed> measure_cuda(const ModelConfig& config, const TensorLookup& lookup, const SpeedOptions& options);

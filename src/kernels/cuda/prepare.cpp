@@ -54,6 +54,15 @@ namespace {
 
 int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
+// fn(r) for r in [0, rows) on the default pool: the re-layouts of whole 8B-sized models take seconds per core.
+// Rows (or row tiles) write disjoint parts of the staged layout.
+template <class Fn>
+void for_rows(int64_t rows, Fn fn) {
+  default_pool().parallel_for(static_cast<size_t>(rows), 16, [&](size_t begin, size_t end) {
+    for (size_t r = begin; r < end; ++r) fn(static_cast<int64_t>(r));
+  });
+}
+
 // rows x src_row bytes -> rows x dst_row bytes (dst_row >= src_row), zero-filled past each source row.
 DeviceBuffer upload_padded_rows(std::span<const std::byte> src, int64_t rows, size_t src_row, size_t dst_row) {
   DeviceBuffer out(checked_mul(static_cast<uint64_t>(rows), dst_row, "[prepare_cuda] padded rows"));
@@ -152,8 +161,9 @@ class DenseLinear final : public CudaLinear {
     cw_ = {nullptr, nullptr, rows, cols, round_up(cols, coalesced_step_cols(16)), 16, 0, MetaType::bf16};
     std::vector<uint16_t> staged(checked_mul(static_cast<uint64_t>(rows), static_cast<uint64_t>(cw_.kpad), "[prepare_cuda] dense"));
     const auto* src = data.as<uint16_t>();
-    for (int64_t r = 0; r < rows; ++r)
+    for_rows(rows, [&](int64_t r) {
       for (int64_t c = 0; c < cols; ++c) staged[r * cw_.kpad + coalesced_index(c, 16)] = src[r * cols + c];
+    });
     buffer_ = DeviceBuffer(staged.size() * sizeof(uint16_t));
     buffer_.upload(staged.data(), buffer_.size());
     cw_.codes = buffer_.data();
@@ -210,12 +220,12 @@ class AffineLinear final : public CudaLinear {
   void upload_coalesced_codes(const codec::affine::Layout& l, const TensorView& codes) {
     const int64_t device_words = w_.kpad * l.bits / 32;
     std::vector<uint32_t> staged(checked_mul(static_cast<uint64_t>(l.rows), static_cast<uint64_t>(device_words), "[prepare_cuda] codes"));
-    for (int64_t r = 0; r < l.rows; ++r) {
+    for_rows(l.rows, [&](int64_t r) {
       const uint32_t* src = codes.as<uint32_t>() + r * l.words_per_row();
       uint32_t* dst = staged.data() + r * device_words;
       for (int64_t c = 0; c < l.cols; ++c)
         codec::affine::write_code(dst, coalesced_index(c, l.bits), l.bits, codec::affine::read_code(src, c, l.bits));
-    }
+    });
     codes_ = DeviceBuffer(staged.size() * sizeof(uint32_t));
     codes_.upload(staged.data(), codes_.size());
   }
@@ -238,7 +248,7 @@ class AffineLinear final : public CudaLinear {
     const int64_t groups = l.groups_per_row(), device_groups = kpad / l.group_size;
     const uint64_t entries = checked_mul(static_cast<uint64_t>(mw_.row_tiles * 16), static_cast<uint64_t>(device_groups), "[prepare_cuda] meta");
     std::vector<uint32_t> meta(checked_mul(entries, mw_.meta_f32 ? 2 : 1, "[prepare_cuda] meta"));
-    for (int64_t r = 0; r < l.rows; ++r)
+    for_rows(l.rows, [&](int64_t r) {
       for (int64_t gi = 0; gi < groups; ++gi) {
         const size_t src = static_cast<size_t>(r * groups + gi);
         const int64_t dst = ((r / 16) * device_groups + gi) * 16 + r % 16;
@@ -249,6 +259,7 @@ class AffineLinear final : public CudaLinear {
           meta[dst] = uint32_t{scales.as<uint16_t>()[src]} | uint32_t{biases.as<uint16_t>()[src]} << 16;
         }
       }
+    });
     meta_ = DeviceBuffer(meta.size() * sizeof(uint32_t));
     meta_.upload(meta.data(), meta_.size());
     mw_.meta = meta_.as<const uint32_t>();
@@ -328,11 +339,12 @@ class TrellisLinear final : public CudaLinear {
     const int k = l.k, words = l.words_per_tile();
     std::vector<uint16_t> staged(checked_mul(static_cast<uint64_t>(l.row_tiles() * w_.chunks), 16 * 4 * k, "[prepare_cuda] trellis"));
     const auto* src = codes.as<uint16_t>();
-    for (int64_t rt = 0; rt < l.row_tiles(); ++rt)
+    for_rows(l.row_tiles(), [&](int64_t rt) {
       for (int64_t ct = 0; ct < l.col_tiles(); ++ct)
         for (int r = 0; r < 16; ++r)
           std::memcpy(&staged[(((rt * w_.chunks + ct / 4) * 16 + r) * 4 + ct % 4) * k],
                       src + (rt * l.col_tiles() + ct) * words + r * k, sizeof(uint16_t) * k);
+    });
     codes_ = DeviceBuffer(staged.size() * sizeof(uint16_t));
     codes_.upload(staged.data(), codes_.size());
     w_.codes = codes_.as<const uint32_t>();

@@ -56,7 +56,9 @@ std::vector<Speed> measure_cuda(const ModelConfig& config, const TensorLookup& l
                            .capacity = std::max(o.prompt, o.steps + 4),
                            .kv_type = o.kv_type,
                            .use_graphs = o.use_graphs};
+  const auto t_load = Clock::now();
   CudaModel gpu(config, lookup, options);
+  const double load = seconds_since(t_load);
   std::mt19937_64 rng(o.seed);
   std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(config.vocab - 1));
   std::vector<int32_t> prompt(static_cast<size_t>(o.prompt)), first(static_cast<size_t>(max_batch));
@@ -76,17 +78,16 @@ std::vector<Speed> measure_cuda(const ModelConfig& config, const TensorLookup& l
     };
     Speed s;
     s.ms_per_step = ms_without(0);
-    if (batch == 1) {
-      s.matmul_ms_per_step = ms_without(kPartsAll);
-      s.norm_ms = s.ms_per_step - ms_without(kPartNorm);
-      s.rope_ms = s.ms_per_step - ms_without(kPartRope);
-      s.attention_ms = s.ms_per_step - ms_without(kPartAttention);
-      s.swiglu_ms = s.ms_per_step - ms_without(kPartSwiglu);
-    }
+    s.matmul_ms_per_step = ms_without(kPartsAll);
+    s.norm_ms = s.ms_per_step - ms_without(kPartNorm);
+    s.rope_ms = s.ms_per_step - ms_without(kPartRope);
+    s.attention_ms = s.ms_per_step - ms_without(kPartAttention);
+    s.swiglu_ms = s.ms_per_step - ms_without(kPartSwiglu);
     s.batch = batch;
     s.prefill_tokens_per_s = static_cast<double>(o.prompt) / prefill;
     s.decode_tokens_per_s = 1e3 * batch / s.ms_per_step;
     s.weight_bytes = gpu.weight_bytes();
+    s.load_seconds = load;
     out.push_back(s);
   }
   return out;
