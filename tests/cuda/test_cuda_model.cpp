@@ -203,6 +203,29 @@ TEST_F(CudaModelTest, SplitAttentionOverLongContextMatchesCpu) {
   }
 }
 
+// Head sizes of real models (64, 128, 256; the tests above use 4 to 16, one dim per lane), half and interleaved
+// RoPE, q/k norm: 140 tokens as a prefill of 130 (same-slot chunks through the separate prepare kernel) and 10
+// decode steps (prepare inside the attention kernel), so the attention runs several rounds per warp and, past
+// 128 positions in a capacity of 256, two splits with their merge.
+TEST_F(CudaModelTest, RealHeadSizesMatchCpu) {
+  for (const int head_dim : {64, 128, 256}) {
+    ModelConfig c = wider_config();
+    c.n_heads = 4;
+    c.n_kv_heads = 2;
+    c.head_dim = head_dim;
+    c.dim = 128;
+    c.max_seq = 256;
+    c.rope_style = head_dim == 128 ? RopeStyle::interleaved : RopeStyle::half;
+    c.qk_norm = head_dim == 64;
+    const auto cpu = testing::tiny_model(c, 17);
+    auto gpu = testing::tiny_model(c, 17);
+    use_device(*gpu, "cuda");
+    const auto tokens = random_tokens(140, c.vocab, 31);
+    EXPECT_LT(relative_error(run_logits(*gpu, tokens, 130, pool), run_logits(*cpu, tokens, 130, pool)), 1e-4)
+        << "head_dim " << head_dim;
+  }
+}
+
 TEST_F(CudaModelTest, HalfPrecisionKvCacheStaysClose) {
   const ModelConfig c = wider_config();
   const auto cpu = testing::tiny_model(c, 9);
