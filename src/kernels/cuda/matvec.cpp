@@ -74,7 +74,7 @@ void two_plane_matmul(const TwoPlaneDevice& w, const float* x, int m, float* y, 
 }
 
 void trellis_matmul(const TrellisDevice& w, const float* x, int m, float* y, Stream s) {
-  if ((w.k != 2 && w.k != 3) || w.L < 8 || w.L > 16 || w.padded_rows % 16 != 0 || w.chunks * 64 < w.cols)
+  if (w.k < 2 || w.k > 4 || w.L < 8 || w.L > 16 || w.padded_rows % 16 != 0 || w.chunks * 64 < w.cols)
     fail(Errc::unsupported, "[cuda trellis] k {}, L {} has no kernel", w.k, w.L);
   launch_trellis_kernel(w, x, m, batch_width(m, w.padded_rows), y, s);
   check_last_error("cuda trellis matmul");
