@@ -116,16 +116,12 @@ CandidateMeasure measure_candidate(const CodecChoice& choice, const Shape& shape
   eo.seed = seed;
   CandidateMeasure m;
   m.rows = m.sampled_rows = rows;
-  bool row_separable = false;
-  if (choice.codec == "trellis") {
-    const codec::trellis::Layout lay = codec::trellis::parse_layout(choice.params, shape);
-    row_separable = lay.per_row_scale && !lay.rotate_output && lay.row_tiles() > kMeasureMinTiles;
-  }
-  if (!row_separable) {
+  if (!measured_on_sample(choice, shape)) {
     const std::vector<float> whole(w, w + rows * cols);
     const codec::EncodedTensor enc = codec.encode(choice.params, shape, whole.data(), eo);
     m.loss = plain_error(whole, codec::decode_all({&codec, enc.params, shape, enc.views()}), rows, h);
     for (const auto& [role, buffer] : enc.arrays) m.bytes += buffer.bytes.size();
+    m.params = enc.params;
     return m;
   }
   const int64_t tile = codec::trellis::kTileDim;
@@ -145,7 +141,14 @@ CandidateMeasure measure_candidate(const CodecChoice& choice, const Shape& shape
   whole["padded_rows"] = lay.padded_rows;
   whole["padded_cols"] = lay.padded_cols;
   m.bytes = stored_bytes(codec, whole, shape);
+  m.params = std::move(whole);
   return m;
+}
+
+bool measured_on_sample(const CodecChoice& choice, const Shape& shape) {
+  if (choice.codec != "trellis") return false;
+  const codec::trellis::Layout lay = codec::trellis::parse_layout(choice.params, shape);
+  return lay.per_row_scale && !lay.rotate_output && lay.row_tiles() > kMeasureMinTiles;
 }
 
 Allocation allocate(const std::vector<AllocationItem>& items, uint64_t budget) {

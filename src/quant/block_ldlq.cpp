@@ -1,11 +1,13 @@
 #include "lowbit/quant/block_ldlq.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "lowbit/codec/hadamard.h"
 #include "lowbit/codec/trellis.h"
 #include "lowbit/core/error.h"
 #include "lowbit/core/thread_pool.h"
+#include "lowbit/quant/allocate.h"
 #include "quant/linalg.h"
 
 namespace lowbit::quant {
@@ -14,6 +16,11 @@ namespace {
 
 using codec::trellis::kBlock;
 using codec::trellis::kTileDim;
+
+// Below this fraction of plain coding's loss as estimated on the row sample, BlockLDLQ is kept without coding
+// the whole tensor plainly: the estimate is within a few percent (allocate_test bounds it by 15%), so the exact
+// comparison could not come out the other way. Above it, plain coding runs whole and the guard compares exactly.
+constexpr double kSampledGuardMargin = 0.8;
 
 // Rows of m [rows, n] <- R row (so m <- m R^T).
 void rotate_rows(std::vector<float>& m, int64_t n, const codec::hadamard::RandomizedHadamard& r) {
@@ -43,6 +50,22 @@ std::vector<float> feedback_transposed(const std::vector<double>& u, int64_t n, 
   return xt;
 }
 
+// Row scales in F16 for W' [padded_rows, padded_cols]: each row's rms over the code's, as plain coding starts
+// from (it then refits them to its codes); 0 for padding rows. Without input rotation the padding columns are
+// not part of the rms.
+TensorBuffer rms_scales(const codec::trellis::Layout& lay, const std::vector<float>& wp) {
+  TensorBuffer out = make_buffer(DType::F16, {lay.padded_rows});
+  const int64_t n = lay.rotate_input ? lay.padded_cols : lay.cols;
+  const double code_std = codec::trellis::code_std(lay.code);
+  for (int64_t r = 0; r < lay.rows; ++r) {
+    double ss = 0;
+    for (int64_t c = 0; c < n; ++c) ss += static_cast<double>(wp[r * lay.padded_cols + c]) * wp[r * lay.padded_cols + c];
+    store_float(DType::F16, out.bytes.data(), static_cast<size_t>(r),
+                static_cast<float>(std::sqrt(ss / static_cast<double>(n)) / code_std));
+  }
+  return out;
+}
+
 }  // namespace
 
 RoundingResult block_ldlq_quantize(const codec::Params& params, const Shape& shape, const float* w_in,
@@ -50,13 +73,31 @@ RoundingResult block_ldlq_quantize(const codec::Params& params, const Shape& sha
   const codec::Codec& codec = codec::codec_or_throw("trellis", "[block_ldlq]");
   const int64_t rows = codec::matrix_dims(shape).first, cols = codec::matrix_dims(shape).second;
   if (h.dim != cols) fail(Errc::shape, "[block_ldlq] Hessian is {} wide, weight has {} columns", h.dim, cols);
+  const std::vector<float> original(w_in, w_in + rows * cols);
 
   RoundingResult result;
-  result.tensor = codec.encode(params, shape, w_in, options.encode);
-  const std::vector<float> original(w_in, w_in + rows * cols);
-  const std::vector<float> rtn_q = codec::decode_all({&codec, result.tensor.params, shape, result.tensor.views()});
-  result.rtn_loss = result.loss = hessian_loss(original, rtn_q, rows, h);
-  const codec::trellis::Layout lay = codec::trellis::parse_layout(result.tensor.params, shape);
+  const auto code_plainly = [&] {
+    result.tensor = codec.encode(params, shape, w_in, options.encode);
+    const std::vector<float> q = codec::decode_all({&codec, result.tensor.params, shape, result.tensor.views()});
+    result.rtn_loss = result.loss = hessian_loss(original, q, rows, h);
+    result.rtn_sampled_rows = 0;
+  };
+  // Where rows are coded independently, plain coding's error is estimated on allocate.h's row sample (an eighth
+  // of a whole encode, which would be half of BlockLDLQ's time) and its row scales replaced by the rms ones it
+  // starts from; plain coding runs whole only when the guard's comparison is close.
+  const bool sampled = measured_on_sample({"trellis", params}, shape) && options.encode.column_importance.empty();
+  codec::EncodedTensor ldlq;
+  if (sampled) {
+    const CandidateMeasure plain =
+        measure_candidate({"trellis", params}, shape, w_in, &h, options.encode.seed, "[block_ldlq]");
+    result.rtn_loss = plain.loss;
+    result.rtn_sampled_rows = plain.sampled_rows;
+    ldlq.params = plain.params;
+  } else {
+    code_plainly();
+    ldlq = result.tensor;
+  }
+  const codec::trellis::Layout lay = codec::trellis::parse_layout(ldlq.params, shape);
   if (lay.rotate_output) {  // the feedback runs over inputs only; plain coding stays
     result.hessian_aware = false;
     return result;
@@ -77,7 +118,10 @@ RoundingResult block_ldlq_quantize(const codec::Params& params, const Shape& sha
   }
   const std::vector<double> u = damped_inverse_factor(std::vector<double>(hp.begin(), hp.end()), pc, options.damp);
 
-  codec::EncodedTensor ldlq = result.tensor;
+  if (sampled) {
+    ldlq.arrays.emplace_back("codes", make_buffer(DType::U16, {lay.row_tiles(), lay.col_tiles(), lay.words_per_tile()}));
+    ldlq.arrays.emplace_back("scales", rms_scales(lay, wp));
+  }
   auto* codes = ldlq.arrays[0].second.as<uint16_t>();
   const TensorView scales = ldlq.views().at("scales");
   std::vector<float> scale(static_cast<size_t>(pr));
@@ -120,7 +164,8 @@ RoundingResult block_ldlq_quantize(const codec::Params& params, const Shape& sha
 
   const std::vector<float> q = codec::decode_all({&codec, ldlq.params, shape, ldlq.views()});
   const double loss = hessian_loss(original, q, rows, h);
-  if (loss <= result.rtn_loss) {
+  if (sampled && loss > kSampledGuardMargin * result.rtn_loss) code_plainly();
+  if (result.rtn_sampled_rows > 0 || loss <= result.rtn_loss) {
     result.loss = loss;
     result.tensor = std::move(ldlq);
   } else {

@@ -142,6 +142,7 @@ class Quantizer {
       r.method = rr.guard_tripped || !rr.hessian_aware ? "rtn" : (trellis ? "block_ldlq" : "gptq");
       r.loss = rr.loss;
       r.rtn_loss = rr.rtn_loss;
+      r.rtn_sampled_rows = rr.rtn_sampled_rows;
       r.guard_tripped = rr.guard_tripped;
       enc = std::move(rr.tensor);
     } else {
@@ -385,7 +386,8 @@ nlohmann::json QuantizeReport::to_json() const {
     tensors_json.push_back({{"name", t.name}, {"shape", t.shape}, {"codec", t.choice.codec},
                             {"params", t.choice.params}, {"method", t.method},
                             {"bits_per_weight", t.bits_per_weight}, {"bytes", t.bytes}, {"proxy_loss", t.loss},
-                            {"rtn_proxy_loss", t.rtn_loss}, {"guard_tripped", t.guard_tripped}});
+                            {"rtn_proxy_loss", t.rtn_loss}, {"rtn_proxy_loss_sampled_rows", t.rtn_sampled_rows},
+                            {"guard_tripped", t.guard_tripped}});
   return {{"tensors", tensors_json},
           {"weights", weights},
           {"bytes", bytes},

@@ -34,6 +34,7 @@ struct CandidateMeasure {
   uint64_t bytes = 0;
   double loss = 0;
   int64_t rows = 0, sampled_rows = 0;
+  codec::Params params;  // as the whole tensor stores them (defaults filled in, its own padding)
 };
 
 // Trellis's Viterbi costs seconds per tensor and candidate (a full encode of every candidate would add more than
@@ -43,6 +44,8 @@ struct CandidateMeasure {
 // estimates the tensor's without bias (the error is a sum over rows). Other codecs are measured whole.
 inline constexpr int64_t kMeasureMinTiles = 4;
 inline constexpr int64_t kMeasureTileFraction = 8;
+// Whether measure_candidate measures this choice on a sample of rows.
+bool measured_on_sample(const CodecChoice& choice, const Shape& shape);
 CandidateMeasure measure_candidate(const CodecChoice& choice, const Shape& shape, const float* w, const Hessian* h,
                                    uint64_t seed, std::string_view tensor_name);
 

@@ -33,6 +33,7 @@ struct RoundingResult {
   codec::EncodedTensor tensor;
   double loss = 0;       // tr((W - Q) H (W - Q)^T) of the kept result
   double rtn_loss = 0;   // the same for plain rounding
+  int64_t rtn_sampled_rows = 0;  // rtn_loss estimated from this many rows (allocate.h's sample); 0: exact
   bool guard_tripped = false;  // Hessian-aware rounding came out worse and plain rounding was kept
   bool hessian_aware = true;   // false where the layout admits no error feedback and plain rounding is the result
 };

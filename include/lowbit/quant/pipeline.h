@@ -40,6 +40,7 @@ struct TensorReport {
   uint64_t bytes = 0;
   double loss = 0;      // Hessian-weighted error of what was stored (0 where no Hessian)
   double rtn_loss = 0;  // the same for plain rounding
+  int64_t rtn_sampled_rows = 0;  // rtn_loss estimated from this many rows; 0: exact
   bool guard_tripped = false;
 };
 
