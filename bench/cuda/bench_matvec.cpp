@@ -189,7 +189,8 @@ int main(int argc, char** argv) {
                                      trellis(2, "1mad"), trellis(3, "1mad"), trellis(2, "3inst"),
                                      {"offset_q4", "offset_scale", {{"precision", "q4"}}},
                                      {"two_plane", "two_plane", {{"storage", "planes"}}},
-                                     trellis(3, "3inst"), {"offset_q3", "offset_scale", {{"precision", "q3"}}}};
+                                     trellis(3, "3inst"), {"offset_q3", "offset_scale", {{"precision", "q3"}}},
+                                     trellis(4, "1mad"), trellis(4, "3inst")};
     std::vector<Row> rows;
     auto add = [&](const Row& r) {
       rows.push_back(r);

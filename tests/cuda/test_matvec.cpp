@@ -5,6 +5,7 @@
 #include <cmath>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "lowbit/codec/codec.h"
@@ -201,7 +202,7 @@ TEST_F(CudaMatvec, DenseMatchesDecodeRows) {
 
 TEST_F(CudaMatvec, TrellisMatchesDecodeRows) {
   std::uniform_int_distribution<int64_t> rows_d(1, 100), cols_d(1, 600);
-  for (int k : {2, 3})
+  for (int k : {2, 3, 4})
     for (int L : {12, 16})
       for (const char* code : {"1mad", "3inst"}) {
         const int64_t rows = rows_d(rng), cols = cols_d(rng);
@@ -217,16 +218,17 @@ TEST_F(CudaMatvec, TrellisMatchesDecodeRows) {
 
 // Tall trellis matrices (512 or more 16-row tiles): batch 1 runs the CUDA-core kernel (trellis_fma.cu), other
 // batches the tensor-core kernel with several tile rows per block; odd widths take the partial-chunk paths.
+// k = 4 (an 80-bit window per tile row) also at L 12.
 TEST_F(CudaMatvec, TallTrellisMatchesDecodeRows) {
-  for (int k : {2, 3})
+  for (const auto& [k, L] : {std::pair{2, 16}, std::pair{3, 16}, std::pair{4, 12}, std::pair{4, 16}})
     for (const char* code : {"1mad", "3inst"})
       for (const int64_t cols : {int64_t{130}, int64_t{257}}) {
         const int64_t rows = 8200 + 17 * k;
-        const codec::Params params{{"L", 16}, {"k", k}, {"code", code}, {"rotate", "none"}};
+        const codec::Params params{{"L", L}, {"k", k}, {"code", code}, {"rotate", "none"}};
         const auto t = lowbit::testing::random_tensor("trellis", params, rows, cols, rng, 0.5f);
         for (int m : {1, 3, 16}) {
-          SCOPED_TRACE(::testing::Message() << "k " << k << " " << code << " [" << rows << ", " << cols << "], m "
-                                            << m);
+          SCOPED_TRACE(::testing::Message() << "k " << k << " L " << L << " " << code << " [" << rows << ", " << cols
+                                            << "], m " << m);
           EXPECT_LT(matmul_error(t.ref, m, rng), 1e-4);
         }
       }
@@ -237,7 +239,7 @@ TEST_F(CudaMatvec, TallTrellisMatchesDecodeRows) {
 TEST_F(CudaMatvec, TrellisRotatedMatchesDecodeRows) {
   std::uniform_int_distribution<int64_t> rows_d(1, 120), cols_d(1, 700);
   for (const char* rotate : {"input", "both"})
-    for (int k : {2, 3}) {
+    for (int k : {2, 3, 4}) {
       const int64_t rows = rows_d(rng), cols = cols_d(rng);
       codec::Params params{{"L", 12}, {"k", k}, {"code", "1mad"}, {"rotate", rotate}, {"input_seed", 11}};
       if (std::string(rotate) == "both") params["output_seed"] = 12;

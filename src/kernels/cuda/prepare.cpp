@@ -294,7 +294,7 @@ class TrellisLinear final : public CudaLinear {
   explicit TrellisLinear(const codec::TensorRef& t) {
     namespace tr = codec::trellis;
     const tr::Layout l = tr::parse_layout(t.params, t.shape);
-    if ((l.k != 2 && l.k != 3) || l.L < 8)
+    if (l.k < 2 || l.k > 4 || l.L < 8)
       fail(Errc::unsupported, "[prepare_cuda] trellis k {} L {} has no CUDA kernel", l.k, l.L);
     rows_ = l.rows;
     cols_ = l.cols;

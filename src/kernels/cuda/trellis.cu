@@ -31,18 +31,19 @@ constexpr int kThreads = kWarps * 32;
 constexpr int kStages = 6;
 constexpr int64_t kFmaMinTileRows = 512;  // batch 1 from here on: trellis_fma.cu
 
-// States 4 t .. 4 t + 3 of a tile row from its window hi:lo = [16 prefix bits | the row's 16 K bits], MSB
-// first: state i is the L bits ending at bit 16 + (i + 1) K. `u` = the window's 32 bits from bit (4 t + 1) K
+// States 4 t .. 4 t + 3 of a tile row from its window hi:lo:tail = [16 prefix bits | the row's 16 K bits], MSB
+// first (tail = 0 for K = 2, 3, whose window fits in 64 bits; for K = 4 it holds bits 64..79 in its high
+// half): state i is the L bits ending at bit 16 + (i + 1) K. `u` = the window's 32 bits from bit (4 t + 1) K
 // on (`shift` = that mod 32, `wide` = it is >= 32), so state j sits at the fixed offset 16 - j K in it, and
 // state 0 of a 16-bit trellis needs no mask.
 template <int K, bool kMad1, bool kL16>
-__device__ __forceinline__ void decode4(uint32_t hi, uint32_t lo, int shift, bool wide, uint32_t mask,
-                                        float (&f)[4]) {
+__device__ __forceinline__ void decode4(uint32_t hi, uint32_t lo, uint32_t tail, int shift, bool wide,
+                                        uint32_t mask, float (&f)[4]) {
   uint32_t u;
   if constexpr (13 * K < 32) {
     u = __funnelshift_l(lo, hi, shift);
   } else {
-    u = __funnelshift_l(wide ? 0u : lo, wide ? lo : hi, shift);
+    u = __funnelshift_l(wide ? tail : lo, wide ? lo : hi, shift);
   }
   f[0] = trellis_code<kMad1>(kL16 ? u >> 16 : (u >> 16) & mask);
 #pragma unroll
@@ -120,7 +121,7 @@ __global__ void __launch_bounds__(kThreads, NT == 4 ? 1 : 2)
   constexpr int kChunkWords = kTileDim * kRowWords;  // one chunk of a tile row
   constexpr int kCopyLanes = kChunkWords / 4;        // 16-byte copies per chunk
   constexpr int kPartial = kWarps * kTileDim * kTileDim;
-  constexpr int kRing = kWarps * kStages * kChunkWords;
+  constexpr int kRing = kWarps * kStages * kChunkWords;  // K = 4: 48 KB, the most static shared memory allows
   __shared__ __align__(16) uint32_t smem[kRing > kPartial ? kRing : kPartial];
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -192,7 +193,7 @@ __global__ void __launch_bounds__(kThreads, NT == 4 ? 1 : 2)
       const uint32_t p = __shfl_sync(0xFFFFFFFFu, pack16(rh, j0 + K - 1, rg, j0 + K - 1), prefix_lane);
       const uint32_t hi_g = __byte_perm(rg[j0 / 2], p, j0 % 2 ? sel_g1 : sel_g0);
       const uint32_t hi_h = __byte_perm(rh[j0 / 2], p, j0 % 2 ? sel_h1 : sel_h0);
-      uint32_t lo_g, lo_h;
+      uint32_t lo_g, lo_h, tail_g = 0u, tail_h = 0u;
       if constexpr (K == 2) {
         lo_g = rg[q] & 0xFFFF0000u;
         lo_h = rh[q] & 0xFFFF0000u;
@@ -200,9 +201,13 @@ __global__ void __launch_bounds__(kThreads, NT == 4 ? 1 : 2)
         lo_g = pack16(rg, j0 + 1, rg, j0 + 2);
         lo_h = pack16(rh, j0 + 1, rh, j0 + 2);
       }
+      if constexpr (K == 4) {  // word j0 + 3, the high half of u32 j0 / 2 + 1
+        tail_g = rg[j0 / 2 + 1] & 0xFFFF0000u;
+        tail_h = rh[j0 / 2 + 1] & 0xFFFF0000u;
+      }
       float fg[4], fh[4];
-      decode4<K, kMad1, kL16>(hi_g, lo_g, shift, wide, mask, fg);
-      decode4<K, kMad1, kL16>(hi_h, lo_h, shift, wide, mask, fh);
+      decode4<K, kMad1, kL16>(hi_g, lo_g, tail_g, shift, wide, mask, fg);
+      decode4<K, kMad1, kL16>(hi_h, lo_h, tail_h, shift, wide, mask, fh);
       uint32_t b[NT][4];
       load_b<NT>(xs, x_limit, chunk_col + q * kTileDim, full, lo_lane, b);
 #pragma unroll
@@ -269,7 +274,8 @@ void launch_k(const TrellisDevice& w, const float* x, int m, int batch, float* y
 void launch_trellis_kernel(const TrellisDevice& w, const float* x, int m, int batch, float* y, CUstream_st* s) {
   if (batch == 1 && w.padded_rows / kTileDim >= kFmaMinTileRows) return launch_trellis_fma_kernel(w, x, y, s);
   if (w.k == 2) return w.mad1 ? launch_k<2, true>(w, x, m, batch, y, s) : launch_k<2, false>(w, x, m, batch, y, s);
-  return w.mad1 ? launch_k<3, true>(w, x, m, batch, y, s) : launch_k<3, false>(w, x, m, batch, y, s);
+  if (w.k == 3) return w.mad1 ? launch_k<3, true>(w, x, m, batch, y, s) : launch_k<3, false>(w, x, m, batch, y, s);
+  return w.mad1 ? launch_k<4, true>(w, x, m, batch, y, s) : launch_k<4, false>(w, x, m, batch, y, s);
 }
 
 }  // namespace lowbit::kernels::cuda

@@ -21,7 +21,7 @@ struct TrellisDevice {
   int64_t cols = 0;  // logical cols (x read)
   int64_t padded_rows = 0;
   int64_t chunks = 0;
-  int k = 2;      // 2 or 3
+  int k = 2;      // 2, 3 or 4
   int L = 16;     // 8..16
   bool mad1 = true;  // 1MAD, else 3INST
 };

@@ -7,7 +7,8 @@
 // chunks per warp step: lanes 0-15 and 16-31 each take one chunk, lane r holding tile row r. A lane's bits for
 // its 4 tiles arrive in one contiguous load (device layout, trellis.h); the L - k bits that precede a tile row
 // in the tail-biting stream are the end of the row above, fetched from the neighbouring lane with a shuffle.
-// Each state is two integer ops from a 64-bit window, the code two or three more, then one FMA.
+// Each state is two integer ops from a 64-bit window (80 bits for k = 4, each state's word pair fixed at
+// compile time), the code two or three more, then one FMA.
 #include "kernels/cuda/matvec.cuh"
 #include "kernels/cuda/trellis.h"
 #include "kernels/cuda/trellis_code.cuh"
@@ -20,11 +21,20 @@ constexpr int kTilesPerChunk = 4;
 
 __device__ __forceinline__ uint32_t word16(const uint32_t* w, int j) { return (w[j / 2] >> (16 * (j % 2))) & 0xFFFFu; }
 
-// State i of a tile row from the 64-bit window hi:lo = [16 prefix bits | the row's 16 k bits], MSB first.
+// State i of a tile row from the window hi:lo = [16 prefix bits | the row's 16 K bits], MSB first: 64 bits for
+// K = 2, 3. For K = 4 the window is 80 bits, hi:mid:lo (lo's low half zero), and the shift falls in one of
+// three word pairs (i is a compile-time constant in the unrolled loop, so the choice costs nothing).
 template <int K>
 __device__ __forceinline__ uint32_t state(uint32_t hi, uint32_t lo, int i, uint32_t mask) {
   const int shift = 64 - (16 + (i + 1) * K);
   const uint32_t v = shift >= 32 ? hi >> (shift - 32) : __funnelshift_r(lo, hi, shift);
+  return v & mask;
+}
+__device__ __forceinline__ uint32_t state4(uint32_t hi, uint32_t mid, uint32_t lo, int i, uint32_t mask) {
+  const int shift = 96 - (16 + (i + 1) * 4);
+  const uint32_t v = shift >= 64   ? hi >> (shift - 64)
+                     : shift >= 32 ? __funnelshift_r(mid, hi, shift - 32)
+                                   : __funnelshift_r(lo, mid, shift);
   return v & mask;
 }
 
@@ -62,7 +72,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks<1>()) trellis_fma_kernel(
       const uint32_t prev = __shfl_sync(0xFFFFFFFFu, word16(ch, q * K + K - 1), prev_lane);
       if (!valid) continue;
       const uint32_t hi = (prev << 16) | word16(ch, q * K);
-      const uint32_t lo = (word16(ch, q * K + 1) << 16) | (K == 3 ? word16(ch, q * K + 2) : 0u);
+      const uint32_t lo = (word16(ch, q * K + 1) << 16) | (K >= 3 ? word16(ch, q * K + 2) : 0u);
       const int64_t k0 = c * (kTilesPerChunk * kTileDim) + q * kTileDim;
       const bool vector = w.cols % 4 == 0 && k0 + kTileDim <= w.cols;
       float F = 0.0f;
@@ -71,7 +81,15 @@ __global__ void __launch_bounds__(kThreads, min_blocks<1>()) trellis_fma_kernel(
         float xv[1][4];
         load_x4<1>(xr, k0 + 4 * g, w.cols, vector, xv);
 #pragma unroll
-        for (int t = 0; t < 4; ++t) F = fmaf(trellis_code<kMad1>(state<K>(hi, lo, 4 * g + t, mask)), xv[0][t], F);
+        for (int t = 0; t < 4; ++t) {
+          uint32_t st;
+          if constexpr (K == 4) {
+            st = state4(hi, lo, word16(ch, q * K + 3) << 16, 4 * g + t, mask);  // lo is the middle word here
+          } else {
+            st = state<K>(hi, lo, 4 * g + t, mask);
+          }
+          F = fmaf(trellis_code<kMad1>(st), xv[0][t], F);
+        }
       }
       acc += F;
     }
@@ -110,7 +128,8 @@ void launch(const TrellisDevice& w, const float* x, float* y, CUstream_st* s) {
 
 void launch_trellis_fma_kernel(const TrellisDevice& w, const float* x, float* y, CUstream_st* s) {
   if (w.k == 2) return w.mad1 ? launch<2, true>(w, x, y, s) : launch<2, false>(w, x, y, s);
-  return w.mad1 ? launch<3, true>(w, x, y, s) : launch<3, false>(w, x, y, s);
+  if (w.k == 3) return w.mad1 ? launch<3, true>(w, x, y, s) : launch<3, false>(w, x, y, s);
+  return w.mad1 ? launch<4, true>(w, x, y, s) : launch<4, false>(w, x, y, s);
 }
 
 }  // namespace lowbit::kernels::cuda
