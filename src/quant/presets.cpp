@@ -43,8 +43,8 @@ Recipe fivestate() {
 }
 
 // Trellis k 2 where it costs least, k 3 where the allocator measures the most error saved per byte, within 2.6
-// bits per weight on the linears (issue 6's budget). SmolLM2 ties its head to the embedding; 6-bit affine there
-// (outside the linears' budget) took its KLD from 1.64 (4-bit) to 1.32 (docs/QUALITY.md).
+// bits per weight on the linears (issue 6's budget). SmolLM2 ties its head to the embedding, which gets 6-bit
+// affine outside the linears' budget (docs/RECIPES.md, trellis2).
 Recipe trellis2() {
   Recipe r = linears_with_head("trellis2", affine(6), {trellis(2), trellis(3)});
   r.target_linear_bpw = 2.6;
