@@ -11,21 +11,14 @@
 
 #include "lowbit/core/error.h"
 #include "lowbit/quant/pipeline.h"
+#include "quant/quant_fixture.h"
 
 namespace lowbit::quant {
 namespace {
 
 namespace fs = std::filesystem;
 
-struct TempDir {
-  fs::path path = fs::temp_directory_path() / fmt::format("lowbit-calib-cache-{}-{}", ::getpid(), counter()++);
-  TempDir() { fs::create_directories(path); }
-  ~TempDir() { fs::remove_all(path); }
-  static int& counter() {
-    static int c = 0;
-    return c;
-  }
-};
+using testing::TempDir;
 
 constexpr LayerInputDims kDims{4, 3, 4, 6};
 
@@ -141,24 +134,15 @@ TEST(CalibrationCache, BadEntriesAreRejectedNamingFileAndField) {
 // A second quantize with the same cache reuses every layer and writes byte-identical tensors; a corrupted entry is
 // ignored (recomputed), never trusted.
 TEST(CalibrationCache, SecondQuantizeReusesEveryLayerAndMatchesByteForByte) {
-  const fs::path dir = fs::path(LOWBIT_SHARED_DIR) / "models/stories260K";
-  const fs::path text = fs::path(LOWBIT_SHARED_DIR) / "data/tinystories-valid-excerpt.txt";
-  if (!fs::exists(dir / "stories260K.bin") || !fs::exists(text))
-    GTEST_SKIP() << dir << " absent (../shared not mounted)";
+  std::optional<QuantizeOptions> stories = testing::calibrated_stories260k("affine4", 128, 64);
+  if (!stories) GTEST_SKIP() << "stories260K or the TinyStories excerpt absent (../shared not mounted)";
+  QuantizeOptions& o = *stories;
   TempDir tmp;
-  QuantizeOptions o;
-  o.source = dir / "stories260K.bin";
-  o.tokenizer = dir / "tok512.bin";
-  o.recipe = preset("affine4");
-  o.calibration = text;
-  o.calib_tokens = 128;
-  o.calib_ctx = 64;
   o.calib_cache = tmp.path / "cache";
   const auto run = [&](const char* name) {
     o.destination = tmp.path / name;
     const QuantizeReport r = quantize(o);
-    std::ifstream in(o.destination / "model-00001.safetensors", std::ios::binary);
-    return std::pair{r, std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>())};
+    return std::pair{r, testing::artifact_tensor_bytes(o.destination)};
   };
   const auto [first, first_bytes] = run("first");
   EXPECT_EQ(first.calibration_cache["layers_computed"], 5);

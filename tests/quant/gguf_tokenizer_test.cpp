@@ -13,6 +13,7 @@
 #include "lowbit/model/model.h"
 #include "lowbit/model/tokenizers.h"
 #include "lowbit/quant/pipeline.h"
+#include "quant/quant_fixture.h"
 
 namespace lowbit::quant {
 namespace {
@@ -21,11 +22,7 @@ namespace fs = std::filesystem;
 using io::GgmlType;
 using io::GgufValueType;
 
-struct TempDir {
-  fs::path path = fs::temp_directory_path() / fmt::format("lowbit-gguf-tok-{}", ::getpid());
-  TempDir() { fs::create_directories(path); }
-  ~TempDir() { fs::remove_all(path); }
-};
+using testing::TempDir;
 
 // A SentencePiece-style vocabulary: specials, the 256 byte pieces, and a few merges of a, b and spaces.
 void add_llama_tokenizer(io::GgufBuilder& g, std::vector<std::string>& tokens) {

@@ -21,21 +21,14 @@
 #include "lowbit/model/mlx.h"
 #include "lowbit/quant/pipeline.h"
 #include "model/tiny_model.h"
+#include "quant/quant_fixture.h"
 
 namespace lowbit::quant {
 namespace {
 
 namespace fs = std::filesystem;
 
-struct TempDir {
-  fs::path path = fs::temp_directory_path() / fmt::format("lowbit-quant-{}-{}", ::getpid(), counter()++);
-  TempDir() { fs::create_directories(path); }
-  ~TempDir() { fs::remove_all(path); }
-  static int& counter() {
-    static int c = 0;
-    return c;
-  }
-};
+using testing::TempDir;
 
 // A small HF-layout source model; by default with an MLP width that needs padding (40 is no multiple of any
 // group).
@@ -204,26 +197,16 @@ TEST(Quantize, RefusesAnExistingDestinationUnlessForced) {
 // the quantized layers before them, run through the trellis kernel) write byte-identical tensors. The kernel in a
 // quantized layer's slot once viewed an encoding freed before the next layer ran it.
 TEST(Quantize, CalibratedTrellisRunsAreByteIdentical) {
-  const fs::path dir = fs::path(LOWBIT_SHARED_DIR) / "models/stories260K";
-  const fs::path text = fs::path(LOWBIT_SHARED_DIR) / "data/tinystories-valid-excerpt.txt";
-  if (!fs::exists(dir / "stories260K.bin") || !fs::exists(text))
-    GTEST_SKIP() << dir << " absent (../shared not mounted)";
+  std::optional<QuantizeOptions> o = testing::calibrated_stories260k("trellis2", 512, 128);
+  if (!o) GTEST_SKIP() << "stories260K or the TinyStories excerpt absent (../shared not mounted)";
   TempDir tmp;
-  QuantizeOptions o;
-  o.source = dir / "stories260K.bin";
-  o.tokenizer = dir / "tok512.bin";
-  o.recipe = preset("trellis2");
-  o.calibration = text;
-  o.calib_tokens = 512;
-  o.calib_ctx = 128;
   std::vector<std::string> tensors;
   for (const char* name : {"first", "second"}) {
-    o.destination = tmp.path / name;
-    const QuantizeReport r = quantize(o);
+    o->destination = tmp.path / name;
+    const QuantizeReport r = quantize(*o);
     EXPECT_GT(std::count_if(r.tensors.begin(), r.tensors.end(), [](const auto& t) { return t.method == "block_ldlq"; }),
               1);
-    std::ifstream in(o.destination / "model-00001.safetensors", std::ios::binary);
-    tensors.emplace_back(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    tensors.push_back(testing::artifact_tensor_bytes(o->destination));
   }
   EXPECT_TRUE(tensors[0] == tensors[1]) << "two runs of the same quantize wrote different tensors";
 }
