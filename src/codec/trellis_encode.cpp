@@ -231,6 +231,19 @@ std::vector<float> initial_scales(const Layout& lay, const std::vector<float>& w
   return s;
 }
 
+// Per-row weight of the objective: zero on padding rows that are not rotated (their outputs are dropped).
+std::vector<float> row_weights(const Layout& lay) {
+  std::vector<float> roww(static_cast<size_t>(lay.padded_rows), 1.0f);
+  if (!lay.rotate_output) std::fill(roww.begin() + lay.rows, roww.end(), 0.0f);
+  return roww;
+}
+
+TensorBuffer scale_buffer(const std::vector<float>& scales) {
+  TensorBuffer out = make_buffer(DType::F16, {static_cast<int64_t>(scales.size())});
+  for (size_t i = 0; i < scales.size(); ++i) store_float(DType::F16, out.bytes.data(), i, scales[i]);
+  return out;
+}
+
 // The least-squares scale for the chosen codes replaces the initial one when it lowers the error.
 void refit_scales(std::vector<float>& scales, const std::vector<ScaleGroup>& groups) {
   for (size_t i = 0; i < scales.size(); ++i) {
@@ -261,8 +274,7 @@ EncodedTensor encode(const Params& params, const Shape& shape, const float* weig
 
   const std::vector<float> wp = rotated_weights(lay, weights, pool);
   const std::vector<float> colw = column_weights(lay, options.column_importance);
-  std::vector<float> roww(static_cast<size_t>(lay.padded_rows), 1.0f);
-  if (!lay.rotate_output) std::fill(roww.begin() + lay.rows, roww.end(), 0.0f);
+  const std::vector<float> roww = row_weights(lay);
   std::vector<float> scales = initial_scales(lay, wp, colw, roww);
 
   TensorBuffer codes = make_buffer(DType::U16, {lay.row_tiles(), ct, lay.words_per_tile()});
@@ -303,13 +315,15 @@ EncodedTensor encode(const Params& params, const Shape& shape, const float* weig
     }
   refit_scales(scales, groups);
 
-  TensorBuffer scale_buf = make_buffer(DType::F16, {static_cast<int64_t>(scales.size())});
-  for (size_t i = 0; i < scales.size(); ++i) store_float(DType::F16, scale_buf.bytes.data(), i, scales[i]);
   EncodedTensor out;
   out.params = std::move(p);
   out.arrays.emplace_back("codes", std::move(codes));
-  out.arrays.emplace_back("scales", std::move(scale_buf));
+  out.arrays.emplace_back("scales", scale_buffer(scales));
   return out;
+}
+
+TensorBuffer starting_scales(const Layout& layout, const std::vector<float>& wp) {
+  return scale_buffer(initial_scales(layout, wp, column_weights(layout, {}), row_weights(layout)));
 }
 
 }  // namespace lowbit::codec::trellis

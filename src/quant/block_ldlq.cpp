@@ -1,7 +1,6 @@
 #include "lowbit/quant/block_ldlq.h"
 
 #include <algorithm>
-#include <cmath>
 
 #include "lowbit/codec/hadamard.h"
 #include "lowbit/codec/trellis.h"
@@ -48,22 +47,6 @@ std::vector<float> feedback_transposed(const std::vector<double>& u, int64_t n, 
     }
   });
   return xt;
-}
-
-// Row scales in F16 for W' [padded_rows, padded_cols]: each row's rms over the code's, as plain coding starts
-// from (it then refits them to its codes); 0 for padding rows. Without input rotation the padding columns are
-// not part of the rms.
-TensorBuffer rms_scales(const codec::trellis::Layout& lay, const std::vector<float>& wp) {
-  TensorBuffer out = make_buffer(DType::F16, {lay.padded_rows});
-  const int64_t n = lay.rotate_input ? lay.padded_cols : lay.cols;
-  const double code_std = codec::trellis::code_std(lay.code);
-  for (int64_t r = 0; r < lay.rows; ++r) {
-    double ss = 0;
-    for (int64_t c = 0; c < n; ++c) ss += static_cast<double>(wp[r * lay.padded_cols + c]) * wp[r * lay.padded_cols + c];
-    store_float(DType::F16, out.bytes.data(), static_cast<size_t>(r),
-                static_cast<float>(std::sqrt(ss / static_cast<double>(n)) / code_std));
-  }
-  return out;
 }
 
 }  // namespace
@@ -120,7 +103,7 @@ RoundingResult block_ldlq_quantize(const codec::Params& params, const Shape& sha
 
   if (sampled) {
     ldlq.arrays.emplace_back("codes", make_buffer(DType::U16, {lay.row_tiles(), lay.col_tiles(), lay.words_per_tile()}));
-    ldlq.arrays.emplace_back("scales", rms_scales(lay, wp));
+    ldlq.arrays.emplace_back("scales", codec::trellis::starting_scales(lay, wp));
   }
   auto* codes = ldlq.arrays[0].second.as<uint16_t>();
   const TensorView scales = ldlq.views().at("scales");
