@@ -48,7 +48,8 @@ Encoded encode(const std::string& id, const codec::Params& params, int64_t rows,
   return e;
 }
 
-// Relative L2 error of the GPU's y [m, rows] against fp64 x @ decode(W)^T; every output must be written.
+// Relative L2 error of the GPU's y [m, rows] against fp64 x @ decode(W)^T; every output must be written. Batches
+// beyond kMaxBatch go through gemm (prefill).
 double matmul_error(const codec::TensorRef& ref, int m, std::mt19937_64& rng) {
   const auto [rows, cols] = codec::matrix_dims(ref.shape);
   const std::vector<float> w = codec::decode_all(ref);
@@ -57,7 +58,10 @@ double matmul_error(const codec::TensorRef& ref, int m, std::mt19937_64& rng) {
   DeviceBuffer dx(x.size() * sizeof(float)), dy(static_cast<size_t>(m * rows) * sizeof(float));
   dx.upload(x.data(), dx.size());
   dy.fill(0xFF);  // NaN: an unwritten output fails the check below
-  linear->matmul(dx.as<const float>(), m, dy.as<float>(), nullptr);
+  if (m <= kMaxBatch)
+    linear->matmul(dx.as<const float>(), m, dy.as<float>(), nullptr);
+  else
+    linear->gemm(dx.as<const float>(), m, dy.as<float>(), nullptr);
   synchronize("test matmul");
   std::vector<float> y(static_cast<size_t>(m * rows));
   dy.download(y.data(), dy.size());
@@ -250,6 +254,28 @@ TEST_F(CudaMatvec, TrellisRotatedMatchesDecodeRows) {
         EXPECT_LT(matmul_error(t.ref, m, rng), 1e-4);
       }
     }
+}
+
+// gemm (prefill) takes any number of rows, for every codec: batches past kMaxBatch, with a partial last chunk.
+TEST_F(CudaMatvec, GemmMatchesDecodeRowsForEveryCodec) {
+  const std::vector<std::pair<std::string, codec::Params>> codecs = {
+      {"dense", {{"dtype", "bf16"}}},
+      {"affine", {{"bits", 4}, {"group_size", 128}, {"scale_dtype", "bf16"}}},
+      {"affine", {{"bits", 3}, {"group_size", 64}, {"scale_dtype", "f16"}}},
+      {"offset_scale", {{"precision", "q4"}}},
+      {"two_plane", {{"storage", "planes"}}},
+  };
+  for (const auto& [id, params] : codecs) {
+    const Encoded e = encode(id, params, 77, 300, rng);
+    for (int m : {17, 40}) {
+      SCOPED_TRACE(::testing::Message() << id << " " << params.dump() << ", m " << m);
+      EXPECT_LT(matmul_error(e.ref, m, rng), 2e-5);
+    }
+  }
+  const codec::Params trellis{{"L", 12}, {"k", 2}, {"code", "1mad"}, {"rotate", "input"}, {"input_seed", 3}};
+  const auto t = lowbit::testing::random_tensor("trellis", trellis, 77, 300, rng, 0.5f);
+  SCOPED_TRACE("trellis rotated, m 40");
+  EXPECT_LT(matmul_error(t.ref, 40, rng), 1e-4);
 }
 
 TEST_F(CudaMatvec, RejectsBatchOutsideRange) {

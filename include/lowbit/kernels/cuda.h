@@ -65,6 +65,10 @@ class CudaLinear {
   // y [m, rows] = x [m, cols] @ W^T for 1 <= m <= kMaxBatch; x and y are contiguous f32 device arrays.
   // Asynchronous on `stream` (capturable in a CUDA graph): no allocation, no synchronization.
   virtual void matmul(const float* x, int m, float* y, Stream stream) const = 0;
+  // y [m, rows] = x [m, cols] @ W^T for any m >= 1 (prefill). Codecs with a prefill GEMM kernel run it on the
+  // tensor cores; the others (this default) run matmul over chunks of kMaxBatch rows. Same contract as matmul:
+  // asynchronous, no allocation.
+  virtual void gemm(const float* x, int64_t m, float* y, Stream stream) const;
   // Bytes of weight data one matmul reads (codes and metadata as stored), for effective-bandwidth figures.
   virtual uint64_t weight_bytes() const = 0;
 };

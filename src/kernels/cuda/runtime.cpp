@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <utility>
 
 #include "lowbit/core/error.h"
@@ -73,6 +74,14 @@ void DeviceBuffer::download(void* host, size_t bytes) const {
 
 void DeviceBuffer::fill(uint8_t value) {
   if (size_ > 0) check(cudaMemset(data_, value, size_), "DeviceBuffer::fill");
+}
+
+void CudaLinear::gemm(const float* x, int64_t m, float* y, Stream stream) const {
+  if (m < 1) fail(Errc::internal, "[CudaLinear::gemm] {} rows", m);
+  for (int64_t row = 0; row < m; row += kMaxBatch) {
+    const int rows_now = static_cast<int>(std::min<int64_t>(kMaxBatch, m - row));
+    matmul(x + row * cols(), rows_now, y + row * rows(), stream);
+  }
 }
 
 }  // namespace lowbit::kernels::cuda
