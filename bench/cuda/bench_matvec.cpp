@@ -1,10 +1,11 @@
 // GPU decode matvec throughput per codec at Llama-shaped matrices, with cuBLAS bf16 timed the same way in the
 // same process. Every timing replays a CUDA graph of `kLaunches` launches that rotate over enough weight copies
 // to exceed L2 (so each launch streams from HBM), and reports the median over replays.
-// Effective GB/s counts the bytes the artifact stores for the weight (codes + scales + biases).
+// Effective GB/s counts the bytes the artifact stores for the weight (codes + scales + biases), TFLOP/s 2 m N K
+// over the time. Batches up to kMaxBatch run matmul (decode), larger ones gemm (prefill).
 // Usage: bench_cuda [--json FILE] [--quick] [--filter SUBSTR] [--shapes NxK,...] [--batches M,...]  (only codecs
-// whose name contains SUBSTR, cuBLAS always runs; --shapes: only those shapes, every batch for the codecs;
-// --batches: those batch sizes instead of 1, 2, 4, 8, 16)
+// whose name contains SUBSTR, cuBLAS always runs; --shapes: only those shapes, every batch for the codecs and
+// cuBLAS; --batches: those batch sizes instead of 1, 2, 4, 8, 16)
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <fmt/format.h>
@@ -75,6 +76,7 @@ struct Row {
   int64_t n, k;
   int m;
   double us, gbps, bits;
+  double tflops() const { return 2.0 * m * n * k / us / 1e6; }
 };
 
 struct Case {
@@ -97,7 +99,10 @@ std::vector<Row> bench_codec(const Case& c, int64_t n, int64_t k, const std::vec
     lc::DeviceBuffer dx(x.size() * 4), dy(static_cast<size_t>(m * n) * 4);
     dx.upload(x.data(), dx.size());
     const double us = time_graph([&](int i, cudaStream_t s) {
-      ws[i % copies]->matmul(dx.as<const float>(), m, dy.as<float>(), s);
+      if (m <= lc::kMaxBatch)
+        ws[i % copies]->matmul(dx.as<const float>(), m, dy.as<float>(), s);
+      else
+        ws[i % copies]->gemm(dx.as<const float>(), m, dy.as<float>(), s);
     });
     rows.push_back({c.name, n, k, m, us, static_cast<double>(ws[0]->weight_bytes()) / us / 1e3,
                     8.0 * ws[0]->weight_bytes() / (n * k)});
@@ -142,9 +147,9 @@ void write_json(const std::string& path, const std::vector<Row>& rows) {
   if (!f) lowbit::fail(lowbit::Errc::io, "[bench_cuda] cannot write {}", path);
   std::fprintf(f, "{\"device\": \"%s\", \"rows\": [\n", lc::device_summary().c_str());
   for (size_t i = 0; i < rows.size(); ++i)
-    std::fprintf(f, "  {\"codec\": \"%s\", \"N\": %lld, \"K\": %lld, \"m\": %d, \"us\": %.3f, \"GBps\": %.1f, \"bits\": %.3f}%s\n",
+    std::fprintf(f, "  {\"codec\": \"%s\", \"N\": %lld, \"K\": %lld, \"m\": %d, \"us\": %.3f, \"GBps\": %.1f, \"TFLOPs\": %.2f, \"bits\": %.3f}%s\n",
                  rows[i].codec.c_str(), static_cast<long long>(rows[i].n), static_cast<long long>(rows[i].k),
-                 rows[i].m, rows[i].us, rows[i].gbps, rows[i].bits, i + 1 < rows.size() ? "," : "");
+                 rows[i].m, rows[i].us, rows[i].gbps, rows[i].tflops(), rows[i].bits, i + 1 < rows.size() ? "," : "");
   std::fprintf(f, "]}\n");
   std::fclose(f);
 }
@@ -155,7 +160,7 @@ int main(int argc, char** argv) {
   std::string json_path;
   std::string filter;
   bool quick = false;
-  std::string shape_list;  // --shapes NxK[,NxK...]: every selected codec at every batch there, cuBLAS at batch 1
+  std::string shape_list;  // --shapes NxK[,NxK...]: every selected codec and cuBLAS at every batch there
   std::string batch_list;  // --batches M[,M...]
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
@@ -194,8 +199,8 @@ int main(int argc, char** argv) {
     std::vector<Row> rows;
     auto add = [&](const Row& r) {
       rows.push_back(r);
-      std::printf("%-14s [%6lld x %6lld] m=%-2d %8.2f us %7.0f GB/s  %5.2f bits/w\n", r.codec.c_str(),
-                  static_cast<long long>(r.n), static_cast<long long>(r.k), r.m, r.us, r.gbps, r.bits);
+      std::printf("%-14s [%6lld x %6lld] m=%-3d %9.2f us %7.0f GB/s %7.2f TFLOP/s  %5.2f bits/w\n", r.codec.c_str(),
+                  static_cast<long long>(r.n), static_cast<long long>(r.k), r.m, r.us, r.gbps, r.tflops(), r.bits);
       std::fflush(stdout);
       if (!json_path.empty()) write_json(json_path, rows);
     };
@@ -215,8 +220,8 @@ int main(int argc, char** argv) {
       batches.clear();
       for (const char* p = batch_list.c_str(); *p;) {
         int m = 0, used = 0;
-        if (std::sscanf(p, "%d%n", &m, &used) != 1 || m < 1 || m > 16)
-          lowbit::fail(lowbit::Errc::usage, "[bench_cuda] --batches: '{}' is not M[,M...] with 1 <= M <= 16",
+        if (std::sscanf(p, "%d%n", &m, &used) != 1 || m < 1 || m > 65536)
+          lowbit::fail(lowbit::Errc::usage, "[bench_cuda] --batches: '{}' is not M[,M...] with 1 <= M <= 65536",
                        batch_list);
         batches.push_back(m);
         p += used;
@@ -236,7 +241,7 @@ int main(int argc, char** argv) {
         if (*p == ',') ++p;
       }
       for (const auto& [n, k] : shapes) {
-        add(bench_cublas(n, k, 1, rng));
+        for (int m : batches) add(bench_cublas(n, k, m, rng));
         for (const Case& c : cases)
           if (selected(c))
             for (const Row& r : bench_codec(c, n, k, batches, rng)) add(r);

@@ -278,6 +278,57 @@ TEST_F(CudaMatvec, GemmMatchesDecodeRowsForEveryCodec) {
   EXPECT_LT(matmul_error(t.ref, 40, rng), 1e-4);
 }
 
+// The tensor-core prefill GEMM (affine_gemm.cu) of affine 2/4 bits and two-plane: partial row and token tiles
+// (m not a multiple of the 64-token tile), odd widths (x copied a float at a time), every group and meta type.
+TEST_F(CudaMatvec, AffineGemmMatchesDecodeRows) {
+  std::uniform_int_distribution<int64_t> rows_d(1, 300), cols_d(1, 1100);
+  for (int bits : {2, 4})
+    for (int group : {32, 64, 128})
+      for (const char* dt : {"bf16", "f16", "f32"}) {
+        const int64_t rows = rows_d(rng), cols = cols_d(rng);
+        const Encoded e = encode("affine", {{"bits", bits}, {"group_size", group}, {"scale_dtype", dt}}, rows, cols, rng);
+        for (int m : {17, 33, 64, 100, 257}) {
+          SCOPED_TRACE(::testing::Message() << bits << " bits, group " << group << ", " << dt << ", [" << rows << ", "
+                                            << cols << "], m " << m);
+          EXPECT_LT(matmul_error(e.ref, m, rng), 2e-5);
+        }
+      }
+}
+
+// Long rows split K over a cluster of blocks (shares of whole groups, the last one shorter); tall
+// matrices take many row blocks.
+TEST_F(CudaMatvec, AffineGemmSplitKMatchesDecodeRows) {
+  struct Case {
+    int64_t rows, cols;
+    int bits, group;
+  };
+  for (const Case& c : {Case{200, 9001, 4, 128}, Case{130, 20000, 2, 32}, Case{1000, 4096, 4, 64}, Case{3000, 700, 2, 128}})
+    for (int m : {17, 65, 190}) {
+      const Encoded e =
+          encode("affine", {{"bits", c.bits}, {"group_size", c.group}, {"scale_dtype", "bf16"}}, c.rows, c.cols, rng);
+      SCOPED_TRACE(::testing::Message() << c.bits << " bits, group " << c.group << " [" << c.rows << ", " << c.cols
+                                        << "], m " << m);
+      EXPECT_LT(matmul_error(e.ref, m, rng), 2e-5);
+    }
+}
+
+// Two-plane runs the GEMM once per plane (the residual's pass adds to the base's); offset_scale q4 as its affine form.
+TEST_F(CudaMatvec, TwoPlaneAndOffsetScaleGemmMatchDecodeRows) {
+  std::uniform_int_distribution<int64_t> rows_d(1, 300), cols_d(1, 2000);
+  for (const char* storage : {"planes", "trit3"})
+    for (const char* dt : {"bf16", "f32"}) {
+      const int64_t rows = rows_d(rng), cols = cols_d(rng);
+      const Encoded e = encode("two_plane", {{"storage", storage}, {"scale_dtype", dt}}, rows, cols, rng);
+      for (int m : {17, 70}) {
+        SCOPED_TRACE(::testing::Message() << storage << ", " << dt << " [" << rows << ", " << cols << "], m " << m);
+        EXPECT_LT(matmul_error(e.ref, m, rng), 2e-5);
+      }
+    }
+  const Encoded e = encode("offset_scale", {{"precision", "q4"}}, 150, 1000, rng);
+  SCOPED_TRACE("offset_scale q4, m 99");
+  EXPECT_LT(matmul_error(e.ref, 99, rng), 2e-5);
+}
+
 TEST_F(CudaMatvec, RejectsBatchOutsideRange) {
   const Encoded e = encode("dense", {{"dtype", "bf16"}}, 8, 64, rng);
   const auto linear = prepare_cuda(e.ref);

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <vector>
 
+#include "kernels/cuda/gemm.h"
 #include "kernels/cuda/matvec.h"
 #include "kernels/cuda/prepare.h"
 #include "kernels/cuda/trellis.h"
@@ -211,6 +212,11 @@ class AffineLinear final : public CudaLinear {
     if (coalesced_)
       return coalesced_matmul({w_.codes, w_.meta, w_.rows, w_.cols, w_.kpad, w_.bits, w_.group, w_.meta_type}, x, m, y, s);
     affine_matmul(w_, x, m, y, s);
+  }
+  // 2/4 bits: more rows than a decode batch run the tensor-core GEMM.
+  void gemm(const float* x, int64_t m, float* y, Stream s) const override {
+    if (mma_ && m > kMaxBatch) return affine_mma_gemm(mw_, x, m, y, s);
+    CudaLinear::gemm(x, m, y, s);
   }
   uint64_t weight_bytes() const override { return bytes_; }
   // Counts `bytes` as the weight's stored size (a codec re-expressed as affine stores fewer).
@@ -435,6 +441,10 @@ class TwoPlaneLinear final : public CudaLinear {
   int64_t rows() const override { return w_.rows; }
   int64_t cols() const override { return w_.cols; }
   void matmul(const float* x, int m, float* y, Stream s) const override { two_plane_matmul(w_, x, m, y, s); }
+  void gemm(const float* x, int64_t m, float* y, Stream s) const override {
+    if (m > kMaxBatch) return two_plane_gemm(w_, x, m, y, s);
+    CudaLinear::gemm(x, m, y, s);
+  }
   uint64_t weight_bytes() const override { return bytes_; }
 
  private:
