@@ -57,7 +57,8 @@ if(LOWBIT_TESTS)
   if(LOWBIT_CUDA_TESTS)
     add_executable(test_cuda ${LOWBIT_CUDA_TESTS})
     target_link_libraries(test_cuda PRIVATE lowbit_kernels_cuda GTest::gtest GTest::gtest_main)
-    target_link_libraries(test_cuda PRIVATE lowbit_model)  # the GPU runtime's tests against the CPU forward
+    # the GPU runtime's tests against the CPU forward, on models lowbit_quant's presets wrote too
+    target_link_libraries(test_cuda PRIVATE lowbit_model lowbit_quant)
     target_include_directories(test_cuda PRIVATE ${CMAKE_SOURCE_DIR}/src ${CMAKE_SOURCE_DIR}/tests)
     target_compile_definitions(test_cuda PRIVATE
       LOWBIT_SOURCE_DIR="${CMAKE_SOURCE_DIR}" LOWBIT_SHARED_DIR="${CMAKE_SOURCE_DIR}/../shared")

@@ -1,6 +1,6 @@
 // The GPU model runtime against the CPU forward pass: logits of small random models (dense f32 and affine 4-bit,
 // every architecture flag, prefill chunks and decode steps, batched sequences), graph replay against eager
-// launches, and stories260K's greedy tokens. Skips when no CUDA device is present.
+// launches, stories260K's greedy tokens and its preset-quantized artifacts. Skips when no CUDA device is present.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -16,6 +16,7 @@
 #include "lowbit/model/cuda_model.h"
 #include "lowbit/model/sampler.h"
 #include "model/tiny_model.h"
+#include "quant/quant_fixture.h"
 
 namespace lowbit::model {
 namespace {
@@ -313,11 +314,11 @@ TEST_F(CudaModelTest, SplitArgmaxMatchesCpuArgmax) {
 
 TEST_F(CudaModelTest, UnsupportedCodecNamesTheTensor) {
   const ModelConfig c = wider_config();
-  const codec::Params affine6 = {{"bits", 6}, {"group_size", 32}, {"scale_dtype", "bf16"}};
-  auto m = encoded_model(c, "affine", affine6, 2);
+  const codec::Params trellis1 = {{"L", 8}, {"k", 1}, {"code", "1mad"}, {"rotate", "none"}};
+  auto m = encoded_model(c, "trellis", trellis1, 2);
   try {
     kernels::cuda::prepare_cuda(m->find("model.layers.0.self_attn.q_proj.weight")->ref);
-    GTEST_SKIP() << "affine 6 bits has a CUDA kernel now; nothing left to refuse";
+    GTEST_SKIP() << "trellis k 1 has a CUDA kernel now; nothing left to refuse";
   } catch (const Error& e) {
     ASSERT_EQ(e.code(), Errc::unsupported);
   }
@@ -355,6 +356,30 @@ TEST_F(CudaModelTest, Stories260KGreedyTokensMatchCpu) {
     return tokens;
   };
   EXPECT_EQ(greedy(*gpu), greedy(*cpu));
+}
+
+// `lowbit quantize`'s presets give every tensor a codec with a CUDA kernel: stories260K quantized with trellis2
+// (trellis linears with rotated inputs), trellis3 (5-bit affine embedding, tied, so also the head) and q4
+// (offset-scale linears, 6-bit affine embedding) loads on the GPU and gives the CPU's logits. Plain rounding: the
+// device layouts do not depend on how the codes were chosen.
+TEST_F(CudaModelTest, Stories260KPresetArtifactsMatchCpu) {
+  const fs::path dir = stories_dir();
+  if (!fs::exists(dir / "stories260K.bin")) GTEST_SKIP() << dir << " is absent (set LOWBIT_SHARED_DIR)";
+  for (const char* preset : {"trellis2", "trellis3", "q4"}) {
+    SCOPED_TRACE(preset);
+    quant::testing::TempDir tmp;
+    quant::QuantizeOptions o;
+    o.source = dir / "stories260K.bin";
+    o.tokenizer = dir / "tok512.bin";
+    o.destination = tmp.path / "artifact";
+    o.recipe = quant::preset(preset);
+    quant::quantize(o);
+    const auto cpu = load_model(o.destination);
+    auto gpu = load_model(o.destination);
+    use_device(*gpu, "cuda");
+    const auto tokens = random_tokens(24, cpu->config.vocab, 13);
+    EXPECT_LT(relative_error(run_logits(*gpu, tokens, 20, pool), run_logits(*cpu, tokens, 20, pool)), 1e-3);
+  }
 }
 
 }  // namespace

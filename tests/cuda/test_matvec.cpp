@@ -80,7 +80,7 @@ double matmul_error(const codec::TensorRef& ref, int m, std::mt19937_64& rng) {
 
 TEST_F(CudaMatvec, AffineMatchesDecodeRows) {
   std::uniform_int_distribution<int64_t> rows_d(1, 300), cols_d(1, 1100);
-  for (int bits : {2, 3, 4, 8})
+  for (int bits : {2, 3, 4, 5, 6, 8})
     for (int group : {32, 64, 128})
       for (const char* dt : {"bf16", "f16", "f32"}) {
         const int64_t rows = rows_d(rng), cols = cols_d(rng);
@@ -99,6 +99,21 @@ TEST_F(CudaMatvec, AffineLargeAlignedShapes) {
     SCOPED_TRACE(::testing::Message() << "m " << m);
     EXPECT_LT(matmul_error(e.ref, m, rng), 2e-5);
   }
+}
+
+// The row-chunk kernel (3/5/6 bits): rows of more chunks than a warp has lanes, aligned and odd widths (x read
+// as float4 or element-wise), several rows per warp with a partial last warp, every batch width.
+TEST_F(CudaMatvec, RowChunkAffineLongRowsMatchDecodeRows) {
+  for (int bits : {3, 5, 6})
+    for (int group : {32, 128})
+      for (const int64_t cols : {int64_t{4096}, int64_t{4099}}) {
+        const Encoded e =
+            encode("affine", {{"bits", bits}, {"group_size", group}, {"scale_dtype", "bf16"}}, 37, cols, rng);
+        for (int m : {1, 2, 5, 16}) {
+          SCOPED_TRACE(::testing::Message() << bits << " bits, group " << group << ", cols " << cols << ", m " << m);
+          EXPECT_LT(matmul_error(e.ref, m, rng), 2e-5);
+        }
+      }
 }
 
 // The tensor-core kernel (2/4 bits) splits K over up to 16 warps and unrolls k-blocks: long odd rows cover
@@ -343,11 +358,13 @@ TEST_F(CudaMatvec, RejectsBatchOutsideRange) {
   }
 }
 
-TEST_F(CudaMatvec, RejectsAffineWidthWithoutKernel) {
-  const Encoded e = encode("affine", {{"bits", 5}, {"group_size", 64}, {"scale_dtype", "bf16"}}, 4, 64, rng);
+// Every affine width has a kernel; trellis k = 1 (a 1-bit state step) has none.
+TEST_F(CudaMatvec, RejectsTrellisStepWithoutKernel) {
+  const codec::Params params{{"L", 12}, {"k", 1}, {"code", "1mad"}, {"rotate", "none"}};
+  const auto t = lowbit::testing::random_tensor("trellis", params, 16, 64, rng, 0.5f);
   try {
-    prepare_cuda(e.ref);
-    ADD_FAILURE() << "5-bit affine accepted";
+    prepare_cuda(t.ref);
+    ADD_FAILURE() << "trellis k 1 accepted";
   } catch (const Error& err) {
     EXPECT_EQ(err.code(), Errc::unsupported);
   }

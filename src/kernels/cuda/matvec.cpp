@@ -21,7 +21,7 @@ int batch_width(int m, int64_t rows) {
 }  // namespace
 
 void affine_matmul(const AffineDevice& w, const float* x, int m, float* y, Stream s) {
-  const bool bits_ok = w.bits == 3;
+  const bool bits_ok = w.bits == 3 || w.bits == 5 || w.bits == 6;
   const bool group_ok = w.group >= 32 && (w.group & (w.group - 1)) == 0;
   if (!bits_ok || !group_ok || w.kpad % kChunkWeights != 0 || w.kpad % w.group != 0 || w.kpad < w.cols)
     fail(Errc::unsupported, "[cuda affine] {} bits, group {}, padded width {} has no kernel", w.bits, w.group, w.kpad);

@@ -4,10 +4,16 @@
 namespace lowbit::kernels::cuda {
 
 extern template void launch_affine_bits<3>(const AffineDevice&, const float*, int, int, float*, CUstream_st*);
+extern template void launch_affine_bits<5>(const AffineDevice&, const float*, int, int, float*, CUstream_st*);
+extern template void launch_affine_bits<6>(const AffineDevice&, const float*, int, int, float*, CUstream_st*);
 
-// The row-chunk kernel serves 3 bits only (2/4 bits run on tensor cores, 8 bits in the coalesced layout).
+// The row-chunk kernel serves 3, 5 and 6 bits (2/4 bits run on tensor cores, 8 bits in the coalesced layout).
 void launch_affine_kernel(const AffineDevice& w, const float* x, int m, int batch, float* y, CUstream_st* s) {
-  launch_affine_bits<3>(w, x, m, batch, y, s);
+  switch (w.bits) {
+    case 5: return launch_affine_bits<5>(w, x, m, batch, y, s);
+    case 6: return launch_affine_bits<6>(w, x, m, batch, y, s);
+    default: return launch_affine_bits<3>(w, x, m, batch, y, s);
+  }
 }
 
 void launch_dense_kernel(const DenseDevice& w, const float* x, int m, int batch, float* y, CUstream_st* s) {

@@ -181,8 +181,6 @@ class AffineLinear final : public CudaLinear {
  public:
   explicit AffineLinear(const codec::TensorRef& t) {
     const codec::affine::Layout l = codec::affine::layout(t.params, t.shape);
-    if (l.bits != 2 && l.bits != 3 && l.bits != 4 && l.bits != 8)
-      fail(Errc::unsupported, "[prepare_cuda] affine with {} bits has no CUDA kernel", l.bits);
     if (l.bits == 2 || l.bits == 4) {
       upload_mma(l, t);
       return;
@@ -287,7 +285,7 @@ class AffineLinear final : public CudaLinear {
     meta_.upload(staged.data(), staged.size());
   }
 
-  // 2/4 bits: tensor-core layout; 8 bits: coalesced layout; 3 bits: row-chunk layout.
+  // 2/4 bits: tensor-core layout; 8 bits: coalesced layout; 3/5/6 bits: row-chunk layout.
   bool coalesced_ = false, mma_ = false;
   AffineMmaDevice mw_;
   AffineDevice w_;
