@@ -1,7 +1,8 @@
 # Prefill GEMM peers on the GPU machine, for bench_cuda's gemm rows (docs/PERFORMANCE.md "GPU prefill GEMM"):
 # cuBLAS bf16 (x [m, K] @ W^T through torch) and torch's int4 weight-only kernel (_weight_int4pack_mm, group 128)
-# at m = 16, 64, 128, 512 on the six Llama-shaped matrices. Timed with CUDA events, median of 30 after warm-up,
-# alternating two weight copies. Usage there: python3 scripts/gpu_gemm_baselines.py [--ms 16,64,128,512]  (prints JSON)
+# at m = 16, 64, 128, 512 on the six Llama-shaped matrices. Timed with CUDA events around 5 back-to-back calls
+# (so the launch latency hides behind the queue, as bench_cuda's graph replays do), median of 3, alternating two
+# weight copies. Usage there: python3 scripts/gpu_gemm_baselines.py [--ms 16,64,128,512]  (prints JSON)
 import argparse
 import json
 
@@ -10,18 +11,19 @@ import torch
 SHAPES = [(4096, 4096), (14336, 4096), (4096, 14336), (28672, 8192), (8192, 28672), (128256, 4096)]
 
 
-def median_seconds(fn, iters=30, warm=5):
-    for _ in range(warm):
+def median_seconds(fn, reps=3, calls=5):
+    for _ in range(calls):
         fn()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     times = []
-    for _ in range(iters):
+    for _ in range(reps):
         start.record()
-        fn()
+        for _ in range(calls):
+            fn()
         end.record()
         torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
+        times.append(start.elapsed_time(end) / calls)
     times.sort()
     return times[len(times) // 2] / 1e3
 

@@ -3,9 +3,9 @@
 // to exceed L2 (so each launch streams from HBM), and reports the median over replays.
 // Effective GB/s counts the bytes the artifact stores for the weight (codes + scales + biases), TFLOP/s 2 m N K
 // over the time. Batches up to kMaxBatch run matmul (decode), larger ones gemm (prefill).
-// Usage: bench_cuda [--json FILE] [--quick] [--filter SUBSTR] [--shapes NxK,...] [--batches M,...]  (only codecs
-// whose name contains SUBSTR, cuBLAS always runs; --shapes: only those shapes, every batch for the codecs and
-// cuBLAS; --batches: those batch sizes instead of 1, 2, 4, 8, 16)
+// Usage: bench_cuda [--json FILE] [--quick] [--filter SUBSTR] [--shapes NxK,...] [--batches M,...] [--no-cublas]
+// (only codecs whose name contains SUBSTR, cuBLAS runs unless --no-cublas; --shapes: only those shapes, every
+// batch for the codecs and cuBLAS; --batches: those batch sizes instead of 1, 2, 4, 8, 16)
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <fmt/format.h>
@@ -35,8 +35,9 @@ void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) lowbit::fail(lowbit::Errc::internal, "[bench_cuda] {}: {}", what, cudaGetErrorString(e));
 }
 
-// Median microseconds per launch of fn(i) for i in [0, kLaunches), captured in one graph.
-double time_graph(const std::function<void(int, cudaStream_t)>& fn) {
+// Median microseconds per launch of fn(i) for i in [0, kLaunches), captured in one graph, over `replays` replays
+// (the first 3 discarded).
+double time_graph(const std::function<void(int, cudaStream_t)>& fn, int replays = 25) {
   cudaStream_t s;
   check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream");
   for (int i = 0; i < kLaunches; ++i) fn(i, s);  // warm-up outside the graph
@@ -51,7 +52,7 @@ double time_graph(const std::function<void(int, cudaStream_t)>& fn) {
   check(cudaEventCreate(&a), "event");
   check(cudaEventCreate(&b), "event");
   std::vector<float> ms;
-  for (int rep = 0; rep < 25; ++rep) {
+  for (int rep = 0; rep < replays; ++rep) {
     check(cudaEventRecord(a, s), "record");
     check(cudaGraphLaunch(ge, s), "graph launch");
     check(cudaEventRecord(b, s), "record");
@@ -98,12 +99,13 @@ std::vector<Row> bench_codec(const Case& c, int64_t n, int64_t k, const std::vec
     for (float& v : x) v = nd(rng);
     lc::DeviceBuffer dx(x.size() * 4), dy(static_cast<size_t>(m * n) * 4);
     dx.upload(x.data(), dx.size());
+    // A prefill GEMM runs for milliseconds at large m: fewer replays keep the run short.
     const double us = time_graph([&](int i, cudaStream_t s) {
       if (m <= lc::kMaxBatch)
         ws[i % copies]->matmul(dx.as<const float>(), m, dy.as<float>(), s);
       else
         ws[i % copies]->gemm(dx.as<const float>(), m, dy.as<float>(), s);
-    });
+    }, m <= lc::kMaxBatch ? 25 : 8);
     rows.push_back({c.name, n, k, m, us, static_cast<double>(ws[0]->weight_bytes()) / us / 1e3,
                     8.0 * ws[0]->weight_bytes() / (n * k)});
   }
@@ -160,12 +162,14 @@ int main(int argc, char** argv) {
   std::string json_path;
   std::string filter;
   bool quick = false;
+  bool cublas = true;
   std::string shape_list;  // --shapes NxK[,NxK...]: every selected codec and cuBLAS at every batch there
   std::string batch_list;  // --batches M[,M...]
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
     else if (!std::strcmp(argv[i], "--filter") && i + 1 < argc) filter = argv[++i];
     else if (!std::strcmp(argv[i], "--quick")) quick = true;
+    else if (!std::strcmp(argv[i], "--no-cublas")) cublas = false;
     else if (!std::strcmp(argv[i], "--shapes") && i + 1 < argc) shape_list = argv[++i];
     else if (!std::strcmp(argv[i], "--batches") && i + 1 < argc) batch_list = argv[++i];
   }
@@ -241,7 +245,8 @@ int main(int argc, char** argv) {
         if (*p == ',') ++p;
       }
       for (const auto& [n, k] : shapes) {
-        for (int m : batches) add(bench_cublas(n, k, m, rng));
+        if (cublas)
+          for (int m : batches) add(bench_cublas(n, k, m, rng));
         for (const Case& c : cases)
           if (selected(c))
             for (const Row& r : bench_codec(c, n, k, batches, rng)) add(r);
@@ -249,13 +254,14 @@ int main(int argc, char** argv) {
       return 0;
     }
     for (const auto& [n, k] : batch_shapes) {
-      for (int m : batches) add(bench_cublas(n, k, m, rng));
+      if (cublas)
+        for (int m : batches) add(bench_cublas(n, k, m, rng));
       for (const int c : {0, 1, 5, 6, 10})
         if (selected(cases[c]))
           for (const Row& r : bench_codec(cases[c], n, k, batches, rng)) add(r);
     }
     for (const auto& [n, k] : shapes) {
-      add(bench_cublas(n, k, 1, rng));
+      if (cublas) add(bench_cublas(n, k, 1, rng));
       for (const Case& c : cases)
         if (selected(c))
           for (const Row& r : bench_codec(c, n, k, {1}, rng)) add(r);

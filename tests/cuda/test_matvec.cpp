@@ -302,7 +302,7 @@ TEST_F(CudaMatvec, AffineGemmMatchesDecodeRows) {
       for (const char* dt : {"bf16", "f16", "f32"}) {
         const int64_t rows = rows_d(rng), cols = cols_d(rng);
         const Encoded e = encode("affine", {{"bits", bits}, {"group_size", group}, {"scale_dtype", dt}}, rows, cols, rng);
-        for (int m : {17, 33, 64, 100, 257}) {
+        for (int m : {17, 64, 257}) {
           SCOPED_TRACE(::testing::Message() << bits << " bits, group " << group << ", " << dt << ", [" << rows << ", "
                                             << cols << "], m " << m);
           EXPECT_LT(matmul_error(e.ref, m, rng), 2e-5);

@@ -3,15 +3,16 @@
 //
 // A block of 8 warps owns a tile of 128 weight rows (8 row tiles of 16) x 64 tokens; warp w computes rows
 // 32 (w % 4) .. + 31 (two row tiles) x tokens 32 (w / 4) .. + 31 (four n-tiles of 8). The block walks its K range
-// in stages of 64 columns through a ring of kSlots shared-memory slots filled by cp.async kSlots - 1 stages ahead:
-// each slot holds the stage's codes of the 8 row tiles (one 16-byte word per lane and tile at 4 bits, half of one
-// at 2 bits: they are the mma A fragments already), the groups' meta and the 64 tokens' activations. Per stage the
-// block converts the activations once into bf16 hi + lo B fragments (x = hi + lo within 2^-17 relative, so the
-// products keep f32 accuracy; the tests hold the result to 2e-5 like the decode kernels) and the per-segment sums
-// Sx = sum (hi + lo), a segment being a group's part of the stage (the group, or half of a group of 128). Per
-// k16 step a warp decodes its two A fragments (one shift and one LOP3 per register: the bf16 2 + q / K) and issues
-// 16 mma.sync m16n8k16: both row tiles x four n-tiles x (hi, lo), hi and lo into the same accumulators
-// C = sum (2 + q / K) x. Per group, as in the decode kernels,
+// in stages of 64 columns through a ring of kSlots shared-memory slots filled by cp.async: each slot holds the
+// stage's codes of the 8 row tiles (one 16-byte word per lane and tile at 4 bits, half of one at 2 bits: they are
+// the mma A fragments already), the groups' meta and the 64 tokens' activations. The block converts each stage's
+// activations once into bf16 hi + lo B fragments (x = hi + lo within 2^-17 relative, so the products keep f32
+// accuracy; the tests hold the result to 2e-5 like the decode kernels) and the per-segment sums Sx = sum (hi + lo),
+// a segment being a group's part of the stage (the group, or half of a group of 128), into one of two buffers: one
+// barrier per stage, after which the warps convert stage s + 1 and compute stage s (the copies of stage s + 2 in
+// flight meanwhile). Per k16 step a warp decodes its two A fragments (one shift and one LOP3 per register: the
+// bf16 2 + q / K) and issues 16 mma.sync m16n8k16: both row tiles x four n-tiles x (hi, lo), hi and lo into the
+// same accumulators C = sum (2 + q / K) x. Per group, as in the decode kernels,
 //   sum (s q + b) x = s K C + (b - 2 s K) Sx,
 // the Sx term added per segment and the C term at the group's end. With few row x token tiles, K is split over a
 // cluster of up to 8 blocks that add their partial tiles through distributed shared memory (deterministic order).
@@ -34,8 +35,8 @@ constexpr int kTileTokens = 64;
 constexpr int kNTiles = kTileTokens / 8;
 constexpr int kStageCols = 64;
 constexpr int kSteps = kStageCols / 16;
-constexpr int kSlots = 4;
-constexpr int kMaxSplit = 8;  // the portable cluster size
+constexpr int kSlots = 3;
+constexpr int kSplits = 4;  // K split over clusters of 1, 2, 4 or 8 blocks (8: the portable cluster size)
 constexpr int64_t kMaxTokenBlocks = 65535;  // grid z
 
 // Shared memory: the ring (codes, meta, activations per slot), then the B fragments and the segment sums of the
@@ -43,14 +44,16 @@ constexpr int64_t kMaxTokenBlocks = 65535;  // grid z
 constexpr int kCodesBytes = kRowTiles * 32 * 16;  // per slot; 2 bits use half
 constexpr int kMetaTileWords = 64;                 // per row tile and slot: 2 groups x 16 rows x 2 words, or 1 x 16 x 4
 constexpr int kMetaBytes = kRowTiles * kMetaTileWords * 4;
-constexpr int kXBytes = kTileTokens * kStageCols * 4;
+constexpr int kXStride = kStageCols + 4;  // floats per token row: the conversion's loads spread over the banks
+constexpr int kXBytes = kTileTokens * kXStride * 4;
 constexpr int kCodesOff = 0;
 constexpr int kMetaOff = kCodesOff + kSlots * kCodesBytes;
 constexpr int kXOff = kMetaOff + kSlots * kMetaBytes;
 constexpr int kFragOff = kXOff + kSlots * kXBytes;
-constexpr int kFragBytes = kSteps * kNTiles * 2 * 32 * 8;  // [step][n-tile][hi, lo][lane] uint2
-constexpr int kSxOff = kFragOff + kFragBytes;
-constexpr int kSmemBytes = kSxOff + 2 * kTileTokens * 4;  // [segment][token]
+constexpr int kFragWords = kSteps * kNTiles * 2 * 32;  // per buffer: [step][n-tile][hi, lo][lane] uint2
+constexpr int kSxOff = kFragOff + 2 * kFragWords * 8;
+constexpr int kSxFloats = 2 * kTileTokens;  // per buffer: [segment][token]
+constexpr int kSmemBytes = kSxOff + 2 * kSxFloats * 4;
 constexpr int kPartialStride = kTileRows + 4;             // [token][row] padded: the stores spread over the banks
 static_assert(kTileTokens * kPartialStride * 4 <= kFragOff, "the partial tile fits the ring");
 
@@ -131,37 +134,44 @@ __global__ void __launch_bounds__(kThreads, 2) affine_gemm_kernel(GemmArgs a, co
           const int n = c / (kStageCols / 4), col = 4 * (c % (kStageCols / 4));
           const int64_t left = a.cols - (k0 + col);
           const int bytes = n >= tokens ? 0 : left >= 4 ? 16 : left > 0 ? static_cast<int>(4 * left) : 0;
-          cp_async16(xd + n * kStageCols + col, bytes > 0 ? x + (tok0 + n) * a.cols + k0 + col : x, bytes);
+          cp_async16(xd + n * kXStride + col, bytes > 0 ? x + (tok0 + n) * a.cols + k0 + col : x, bytes);
         }
       } else {
         for (int c = threadIdx.x; c < kTileTokens * kStageCols; c += kThreads) {
           const int n = c / kStageCols, col = c % kStageCols;
           const bool in = n < tokens && k0 + col < a.cols;
-          cp_async4(xd + n * kStageCols + col, in ? x + (tok0 + n) * a.cols + k0 + col : x, in ? 4 : 0);
+          cp_async4(xd + n * kXStride + col, in ? x + (tok0 + n) * a.cols + k0 + col : x, in ? 4 : 0);
         }
       }
     }
     cp_async_commit();
   };
 
-  // The stage's activations as B fragments and segment sums. Item (token n, step j, t): columns 16 j + 2 t +
-  // {0, 1, 8, 9}; a warp's 32 items are two tokens' 4 steps, so a segment's items are 4 seg_steps consecutive lanes.
-  auto convert = [&](int slot) {
-    const float* xs = reinterpret_cast<const float*>(smem + kXOff + slot * kXBytes);
+  // The stage's activations (slot) as B fragments and segment sums (buffer buf). Thread (token n, step j) takes
+  // columns 16 j .. 16 j + 15 of token n: lane 4 (n % 8) + t of n-tile n / 8 gets columns 16 j + 2 t + {0, 1, 8, 9},
+  // so the thread's four lanes are 32 contiguous bytes of hi (and of lo), and a segment's sum is over seg_steps
+  // neighbouring threads.
+  static_assert(kTileTokens * kSteps == kThreads, "one (token, step) per thread");
+  auto convert = [&](int slot, int buf) {
+    const int n = threadIdx.x / kSteps, j = threadIdx.x % kSteps;
+    const float4* xs = reinterpret_cast<const float4*>(smem + kXOff + slot * kXBytes) + (n * kXStride + 16 * j) / 4;
+    const float4 v[4] = {xs[0], xs[1], xs[2], xs[3]};
+    const float f[16] = {v[0].x, v[0].y, v[0].z, v[0].w, v[1].x, v[1].y, v[1].z, v[1].w,
+                         v[2].x, v[2].y, v[2].z, v[2].w, v[3].x, v[3].y, v[3].z, v[3].w};
+    uint32_t hi[8], lo[8];  // lane t: hi[2 t], hi[2 t + 1]
+    float sum = 0.0f;
 #pragma unroll
-    for (int i = 0; i < kTileTokens * kSteps * 4 / kThreads; ++i) {
-      const int q = i * kThreads + threadIdx.x;
-      const int tt = q & 3, j = (q >> 2) & (kSteps - 1), n = q / (4 * kSteps);
-      const float2 v0 = *reinterpret_cast<const float2*>(xs + n * kStageCols + 16 * j + 2 * tt);
-      const float2 v1 = *reinterpret_cast<const float2*>(xs + n * kStageCols + 16 * j + 2 * tt + 8);
-      uint32_t hi[2], lo[2];
-      float sum = split_pair(v0.x, v0.y, hi[0], lo[0]) + split_pair(v1.x, v1.y, hi[1], lo[1]);
-      uint2* fj = frag + (j * kNTiles + n / 8) * 64 + frag_lane(4 * (n % 8) + tt, j);
-      fj[0] = {hi[0], hi[1]};
-      fj[32] = {lo[0], lo[1]};
-      for (int off = 1; off < 4 * seg_steps; off <<= 1) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, off);
-      if ((q & (4 * seg_steps - 1)) == 0) sx[(j / seg_steps) * kTileTokens + n] = sum;
+    for (int t = 0; t < 4; ++t) {
+      sum += split_pair(f[2 * t], f[2 * t + 1], hi[2 * t], lo[2 * t]);
+      sum += split_pair(f[2 * t + 8], f[2 * t + 9], hi[2 * t + 1], lo[2 * t + 1]);
     }
+    uint4* dst = reinterpret_cast<uint4*>(frag + buf * kFragWords + (j * kNTiles + n / 8) * 64 + frag_lane(4 * (n % 8), j));
+    dst[0] = {hi[0], hi[1], hi[2], hi[3]};
+    dst[1] = {hi[4], hi[5], hi[6], hi[7]};
+    dst[16] = {lo[0], lo[1], lo[2], lo[3]};
+    dst[17] = {lo[4], lo[5], lo[6], lo[7]};
+    for (int off = 1; off < seg_steps; off <<= 1) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, off);
+    if ((j & (seg_steps - 1)) == 0) sx[buf * kSxFloats + (j / seg_steps) * kTileTokens + n] = sum;
   };
 
   float acc[2][4][4], c[2][4][4];  // [row tile][n-tile][fragment element]
@@ -172,7 +182,7 @@ __global__ void __launch_bounds__(kThreads, 2) affine_gemm_kernel(GemmArgs a, co
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[r][n][e] = c[r][n][e] = 0.0f;
 
-  auto compute = [&](int ls) {
+  auto compute = [&](int ls, int buf) {
     const int slot = ls % kSlots;
     const int64_t st = st0 + ls;
     const unsigned char* cs = smem + kCodesOff + slot * kCodesBytes;
@@ -192,23 +202,27 @@ __global__ void __launch_bounds__(kThreads, 2) affine_gemm_kernel(GemmArgs a, co
       uint32_t af[2][4];
 #pragma unroll
       for (int r = 0; r < 2; ++r) decode_a<B>(w[r], j, af[r]);
+      uint2 bf[2][4];  // [hi, lo][n-tile]
 #pragma unroll
       for (int n = 0; n < 4; ++n) {
-        const uint2* fj = frag + (j * kNTiles + 4 * wn + n) * 64 + frag_lane(lane, j);
-        const uint2 hi = fj[0], lo = fj[32];
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          mma_bf16(c[r][n], af[r], hi);
-          mma_bf16(c[r][n], af[r], lo);
-        }
+        const uint2* fj = frag + buf * kFragWords + (j * kNTiles + 4 * wn + n) * 64 + frag_lane(lane, j);
+        bf[0][n] = fj[0];
+        bf[1][n] = fj[32];
       }
+#pragma unroll
+      for (int p = 0; p < 2; ++p)  // the hi products, then the lo ones: consecutive mma are independent
+#pragma unroll
+        for (int n = 0; n < 4; ++n)
+#pragma unroll
+          for (int r = 0; r < 2; ++r) mma_bf16(c[r][n], af[r], bf[p][n]);
       if (((j + 1) & (seg_steps - 1)) == 0) {  // end of a segment: the Sx term; end of a group: the C term too
         const bool group_end = ((st * kSteps + j + 1) & (group_steps - 1)) == 0;
         const int q = (16 * j) >> a.group_log2;  // the group among the slot's meta (0 unless group 32)
         float2 sxv[4];
 #pragma unroll
         for (int n = 0; n < 4; ++n)
-          sxv[n] = *reinterpret_cast<const float2*>(sx + (j / seg_steps) * kTileTokens + 32 * wn + 8 * n + 2 * t);
+          sxv[n] = *reinterpret_cast<const float2*>(sx + buf * kSxFloats + (j / seg_steps) * kTileTokens + 32 * wn +
+                                                    8 * n + 2 * t);
 #pragma unroll
         for (int r = 0; r < 2; ++r)
 #pragma unroll
@@ -242,16 +256,20 @@ __global__ void __launch_bounds__(kThreads, 2) affine_gemm_kernel(GemmArgs a, co
     }
   };
 
-  // Stage ls: wait for its copies, then (one barrier) refill the slot stage ls - 1 used, convert, and (a second
-  // barrier) compute.
-  for (int ls = 0; ls < kSlots - 1; ++ls) issue(ls);
+  // Iteration ls: wait for stage ls + 1's copies; one barrier (stage ls's fragments are complete, every read of
+  // stage ls - 1's slot and buffer is done); copy stage ls + 2 into that slot, convert stage ls + 1 into the other
+  // buffer, compute stage ls.
+  issue(0);
+  issue(1);
+  cp_async_wait<1>();
+  __syncthreads();
+  if (nst > 0) convert(0, 0);
   for (int ls = 0; ls < nst; ++ls) {
-    cp_async_wait<kSlots - 2>();
+    cp_async_wait<0>();
     __syncthreads();
-    issue(ls + kSlots - 1);
-    convert(ls % kSlots);
-    __syncthreads();
-    if (warp_valid) compute(ls);
+    issue(ls + 2);
+    if (ls + 1 < nst) convert((ls + 1) % kSlots, (ls + 1) % 2);
+    if (warp_valid) compute(ls, ls % 2);
   }
   cp_async_wait<0>();
   __syncthreads();
@@ -279,49 +297,76 @@ __global__ void __launch_bounds__(kThreads, 2) affine_gemm_kernel(GemmArgs a, co
   cluster_sync();  // no block leaves while others read its partial tile
 }
 
+// A launch configuration with a cluster of `split` blocks along x (none before sm_90, where split is 1).
+struct LaunchConfig {
+  cudaLaunchConfig_t cfg = {};
+  cudaLaunchAttribute cluster[1] = {};
+  LaunchConfig(dim3 grid, int split, bool clusters, CUstream_st* s) {
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(kThreads);
+    cfg.dynamicSmemBytes = kSmemBytes;
+    cfg.stream = s;
+    cluster[0].id = cudaLaunchAttributeClusterDimension;
+    cluster[0].val.clusterDim.x = static_cast<unsigned>(split);
+    cluster[0].val.clusterDim.y = 1;
+    cluster[0].val.clusterDim.z = 1;
+    cfg.attrs = cluster;
+    cfg.numAttrs = clusters ? 1 : 0;
+  }
+};
+
 template <int B>
 void launch_bits(GemmArgs a, const float* x, int64_t m, float* y, CUstream_st* s) {
+  // Blocks resident at once per cluster size 1, 2, 4, 8 (clusters are placed within a GPC, so fewer than the SMs
+  // times the blocks per SM may fit).
   struct Device {
-    int sms = 0, major = 0, blocks_per_sm = 1;
+    bool clusters = false;
+    int64_t resident[kSplits] = {1, 1, 1, 1};
     Device() {
-      int dev = 0;
+      int dev = 0, sms = 0, major = 0, blocks_per_sm = 1;
       cudaGetDevice(&dev);
       cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
       cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
       cudaFuncSetAttribute(affine_gemm_kernel<B>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
       cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, affine_gemm_kernel<B>, kThreads, kSmemBytes);
-      blocks_per_sm = std::max(blocks_per_sm, 1);
+      resident[0] = static_cast<int64_t>(sms) * std::max(blocks_per_sm, 1);
+      clusters = major >= 9;
+      for (int i = 1; i < kSplits && clusters; ++i) {
+        LaunchConfig lc(dim3(1u << i), 1 << i, true, nullptr);
+        int count = 0;
+        if (cudaOccupancyMaxActiveClusters(&count, affine_gemm_kernel<B>, &lc.cfg) != cudaSuccess) count = 0;
+        resident[i] = std::max<int64_t>(count, 1) << i;
+      }
+      cudaGetLastError();  // a failed query leaves the small estimate, not a sticky error
     }
   };
   static const Device dev;
   const int64_t row_blocks = (a.row_tiles + kRowTiles - 1) / kRowTiles;
   const int64_t stages = a.kblocks * (256 / B) / kStageCols;
   const int64_t group_stages = std::max(1, (1 << a.group_log2) / kStageCols);  // a K share is whole groups
-  const int64_t slots = static_cast<int64_t>(dev.sms) * dev.blocks_per_sm;
   for (int64_t t0 = 0; t0 < m; t0 += kMaxTokenBlocks * kTileTokens) {
     const int64_t part = std::min(m - t0, kMaxTokenBlocks * kTileTokens);
     const int64_t token_blocks = (part + kTileTokens - 1) / kTileTokens;
-    // Split K (a cluster per output tile) while the blocks still fit the GPU at once and every share has 8 stages.
-    int split = 1;
-    if (dev.major >= 9)
-      while (split < kMaxSplit && row_blocks * token_blocks * split * 2 <= slots && stages >= 16 * split) split *= 2;
-    const int64_t share = (stages + split - 1) / split;
-    a.stages_per_split = static_cast<int>((share + group_stages - 1) / group_stages * group_stages);
+    // Split K over a cluster where that shortens the critical path: waves of resident blocks x stages per share
+    // (shares of at least 8 stages; the smaller split on a tie).
+    int split = 1, stages_per_split = 0;
+    int64_t best = -1;
+    for (int i = 0; i < kSplits && (i == 0 || dev.clusters); ++i) {
+      const int sp = 1 << i;
+      if (i > 0 && stages < 8 * sp) break;
+      const int64_t share = ((stages + sp - 1) / sp + group_stages - 1) / group_stages * group_stages;
+      const int64_t waves = (row_blocks * token_blocks * sp + dev.resident[i] - 1) / dev.resident[i];
+      if (best < 0 || waves * share < best) {
+        best = waves * share;
+        split = sp;
+        stages_per_split = static_cast<int>(share);
+      }
+    }
+    a.stages_per_split = stages_per_split;
     a.m = part;
-
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(static_cast<unsigned>(split), static_cast<unsigned>(row_blocks), static_cast<unsigned>(token_blocks));
-    cfg.blockDim = dim3(kThreads);
-    cfg.dynamicSmemBytes = kSmemBytes;
-    cfg.stream = s;
-    cudaLaunchAttribute cluster[1];
-    cluster[0].id = cudaLaunchAttributeClusterDimension;
-    cluster[0].val.clusterDim.x = static_cast<unsigned>(split);
-    cluster[0].val.clusterDim.y = 1;
-    cluster[0].val.clusterDim.z = 1;
-    cfg.attrs = cluster;
-    cfg.numAttrs = dev.major >= 9 ? 1 : 0;
-    cudaLaunchKernelEx(&cfg, affine_gemm_kernel<B>, a, x + t0 * a.cols, y + t0 * a.rows);
+    LaunchConfig lc(dim3(static_cast<unsigned>(split), static_cast<unsigned>(row_blocks), static_cast<unsigned>(token_blocks)),
+                    split, dev.clusters, s);
+    cudaLaunchKernelEx(&lc.cfg, affine_gemm_kernel<B>, a, x + t0 * a.cols, y + t0 * a.rows);
   }
 }
 
