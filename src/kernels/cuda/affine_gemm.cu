@@ -334,10 +334,12 @@ void launch_bits(GemmArgs a, const float* x, int64_t m, float* y, CUstream_st* s
       for (int i = 1; i < kSplits && clusters; ++i) {
         LaunchConfig lc(dim3(1u << i), 1 << i, true, nullptr);
         int count = 0;
-        if (cudaOccupancyMaxActiveClusters(&count, affine_gemm_kernel<B>, &lc.cfg) != cudaSuccess) count = 0;
+        if (cudaOccupancyMaxActiveClusters(&count, affine_gemm_kernel<B>, &lc.cfg) != cudaSuccess) {
+          count = 0;
+          cudaGetLastError();  // a failed query leaves the small estimate, not an error for the next check
+        }
         resident[i] = std::max<int64_t>(count, 1) << i;
       }
-      cudaGetLastError();  // a failed query leaves the small estimate, not a sticky error
     }
   };
   static const Device dev;
