@@ -5,6 +5,7 @@
 #include <cmath>
 #include <random>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -154,6 +155,22 @@ TEST_F(CudaMatvec, AffineFmaMatchesDecodeRows) {
         EXPECT_LT(matmul_error(e.ref, m, rng), 2e-5);
       }
     }
+}
+
+// 4 bits at batches 2..8 on rows of at least 64 units (8192 columns): each tile's K split over 2, 4 or 8 blocks
+// that add their slices' sums into y. On an H200 (132 SMs): 1400 x 8300 (group 32, f32) in 4 / 8 slices at batches
+// 2 / 4 (6 and 8 run affine_mma.cu), 2700 x 8200 (group 128, bf16) in 2 / 4 / 8 at batches 2 / 4 / 8; slices of
+// unequal length (9 units and a last of 2), the last unit past the row's end, batches that fill part of their
+// width (3 of 4, 6 of 8).
+TEST_F(CudaMatvec, AffineFmaKSplitMatchesDecodeRows) {
+  for (const auto& [rows, cols, group, dt] : {std::tuple{1400, 8300, 32, "f32"}, std::tuple{2700, 8200, 128, "bf16"}}) {
+    const Encoded e = encode("affine", {{"bits", 4}, {"group_size", group}, {"scale_dtype", dt}}, rows, cols, rng);
+    for (int m : {2, 3, 4, 6, 8}) {
+      SCOPED_TRACE(::testing::Message() << "group " << group << ", " << dt << " [" << rows << ", " << cols << "], m "
+                                        << m);
+      EXPECT_LT(matmul_error(e.ref, m, rng), 2e-5);
+    }
+  }
 }
 
 // Two-plane tensors in every storage and metadata variant (slim expands at load), through the CUDA-core kernel

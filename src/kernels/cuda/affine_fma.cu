@@ -49,6 +49,28 @@ struct Ring {
   uint32_t slot_bytes;
 };
 
+// Blocks that share each tile (`splits`: batch 2..8 at 4 bits on long rows, affine_splits; else 1): consecutive
+// blocks, each owning one K slice of ceil(units / splits) units, so that each reads only its slice of x; they add
+// their sums into y (zeroed first) with atomics, so those results vary in the last bits from run to run.
+// The block's share: tiles first_tile, first_tile + tile_stride, ...; units [u_begin, u_end) of each.
+struct Share {
+  int64_t first_tile, tile_stride, u_begin, u_end;
+};
+
+// Only batches 2..8 on the tensor cores split K. The other instances take whole tiles, and their loops read
+// blockIdx.x and gridDim.x themselves (first_tile and tile_stride unused), so that their sm_90a code stays the
+// unsplit kernel's instruction for instruction (checked with nvdisasm, 2026-12-03).
+template <int M, bool TC>
+constexpr bool kSplits = TC && M > 1;
+
+template <bool Split>
+__device__ __forceinline__ Share block_share(int64_t tile_units, int splits) {
+  if constexpr (!Split) return {0, 0, 0, tile_units};
+  const int64_t chunk = (tile_units + splits - 1) / splits;
+  const int64_t begin = min(tile_units, (blockIdx.x % splits) * chunk);
+  return {blockIdx.x / splits, gridDim.x / splits, begin, min(tile_units, begin + chunk)};
+}
+
 // Words per meta entry (one row's group): bf16 pairs take one word per plane, f32 two.
 template <int P>
 __device__ __forceinline__ int meta_words(const FmaArgs& a) {
@@ -268,12 +290,13 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
 // that hi + lo is x within 2^-17 relative. In n-tile nt, B column n holds batch row (4 nt + n / 2) % M, part n % 2,
 // so D columns 2 t and 2 t + 1 hold the hi and lo sums of batch row (4 nt + t) % M for the lane's rows (at M = 1
 // all four lanes of a row get the same sums). Batch rows i >= m repeat row 0.
+// The block builds the fragments of its slice: `steps` steps from step0, xfrag's step 0 being step0.
 template <int M>
-__device__ void build_xfrag(const FmaArgs& a, const float* x, int m, uint2* xfrag, int64_t steps, int thread,
-                            int threads) {
+__device__ void build_xfrag(const FmaArgs& a, const float* x, int m, uint2* xfrag, int64_t step0, int64_t steps,
+                            int thread, int threads) {
 #pragma unroll 4
   for (int64_t e = thread; e < steps * 4 * M; e += threads) {
-    const int64_t step = e / (4 * M), c = step * 16 + 2 * (e % 4);
+    const int64_t step = e / (4 * M), c = (step0 + step) * 16 + 2 * (e % 4);
     const int i = static_cast<int>(e / 4 % M);
     const float* xi = x + (i < m ? i : 0) * a.cols;
     float v[4];
@@ -310,20 +333,21 @@ __device__ __forceinline__ void decode_a(const uint32_t (&w)[B / 2][4], int j, u
 template <int M>
 constexpr int kNtiles = (M + 3) / 4;
 
-// acc[r][nt] (rows g, g + 8; batch row (4 nt + t) % M) += the codes of unit s times x on the tensor cores: per
-// group segment C = sum (128 + q) (hi + lo) in two accumulator chains (even and odd steps), then
+// acc[r][nt] (rows g, g + 8; batch row (4 nt + t) % M) += the codes of unit s (the slice's unit sl) times x on the
+// tensor cores: per group segment C = sum (128 + q) (hi + lo) in two accumulator chains (even and odd steps), then
 // s C + (b - 128 s) Sx. One mma per k16 step and n-tile: the decode and the weight bytes serve all M rows.
 template <int B, int M, int SEGS>
-__device__ __forceinline__ void mma_unit(const FmaArgs& a, const uint32_t (&w)[1][B / 2][4], int64_t s,
+__device__ __forceinline__ void mma_unit(const FmaArgs& a, const uint32_t (&w)[1][B / 2][4], int64_t s, int64_t sl,
                                          const uint32_t* meta, const uint2* xfrag, const float* group_sx, int g, int t,
                                          float (&acc)[2][kNtiles<M>]) {
   constexpr int kSteps = 8 / SEGS, NT = kNtiles<M>;
   const uint2* xf[NT];  // step j of the unit at xf[nt][8 M j]
 #pragma unroll
-  for (int nt = 0; nt < NT; ++nt) xf[nt] = xfrag + s * 64 * M + (((4 * nt + g / 2) % M) * 2 + (g & 1)) * 4 + t;
+  for (int nt = 0; nt < NT; ++nt) xf[nt] = xfrag + sl * 64 * M + (((4 * nt + g / 2) % M) * 2 + (g & 1)) * 4 + t;
 #pragma unroll
   for (int seg = 0; seg < SEGS; ++seg) {
     const int64_t group = s * SEGS + seg;
+    const int64_t slice_group = M > 1 ? sl * SEGS + seg : group;  // group_sx holds the slice (batch 2..8)
     SegMeta<1> sm;
     sm.load(a, meta + seg * 16 * meta_words<1>(a), group < a.groups, g);
     float d[NT][2][4] = {};
@@ -345,7 +369,7 @@ __device__ __forceinline__ void mma_unit(const FmaArgs& a, const uint32_t (&w)[1
       for (int r = 0; r < 2; ++r) {
         const float C = (d[nt][0][2 * r] + d[nt][0][2 * r + 1]) + (d[nt][1][2 * r] + d[nt][1][2 * r + 1]);
         float v = fmaf(sm.scale[0][r], C, acc[r][nt]);
-        if (group < a.groups) v = fmaf(fmaf(-128.0f, sm.scale[0][r], sm.bias[r]), group_sx[group * M + i], v);
+        if (group < a.groups) v = fmaf(fmaf(-128.0f, sm.scale[0][r], sm.bias[r]), group_sx[slice_group * M + i], v);
         acc[r][nt] = v;
       }
     }
@@ -358,16 +382,17 @@ __device__ __forceinline__ float split_value(float v) {
   return hi + __bfloat162float(__float2bfloat16_rn(v - hi));
 }
 
-// group_sx [groups][M] = the sums of x (split_value of x when TC) over each group's columns: warp w takes
-// 128-column chunks w, w + W, ...; lane l sums columns 4 l .. 4 l + 3 and the group's lanes add by shuffle.
+// group_sx [slice groups][M] = the sums of x (split_value of x when TC) over the groups of units [u_begin, u_end):
+// warp w takes units u_begin + w, u_begin + w + W, ...; lane l sums columns 4 l .. 4 l + 3 of the unit and the
+// group's lanes add by shuffle.
 template <int M, int SEGS, bool TC>
-__device__ __forceinline__ void group_sums(const FmaArgs& a, const float* const (&xr)[M], float* group_sx, int warp,
-                                           int warps, int lane) {
+__device__ __forceinline__ void group_sums(const FmaArgs& a, const float* const (&xr)[M], float* group_sx,
+                                           int64_t u_begin, int64_t u_end, int warp, int warps, int lane) {
   const auto value = [](float v) { return TC ? split_value(v) : v; };
   constexpr int kLanes = 32 / SEGS;  // lanes per group
   const bool aligned = a.cols % 4 == 0;
 #pragma unroll 4
-  for (int64_t c = warp; c * SEGS < a.groups; c += warps) {
+  for (int64_t c = u_begin + warp; (!kSplits<M, TC> || c < u_end) && c * SEGS < a.groups; c += warps) {
     const int64_t col = c * kUnitCols + 4 * lane;
 #pragma unroll
     for (int i = 0; i < M; ++i) {
@@ -382,7 +407,7 @@ __device__ __forceinline__ void group_sums(const FmaArgs& a, const float* const 
 #pragma unroll
       for (int off = 1; off < kLanes; off *= 2) v += __shfl_xor_sync(0xFFFFFFFFu, v, off);
       const int64_t group = c * SEGS + lane / kLanes;
-      if (lane % kLanes == 0 && group < a.groups) group_sx[group * M + i] = v;
+      if (lane % kLanes == 0 && group < a.groups) group_sx[(group - u_begin * SEGS) * M + i] = v;
     }
   }
 }
@@ -399,19 +424,24 @@ __device__ __forceinline__ void group_sums(const FmaArgs& a, const float* const 
 // when the bytes have landed, and the arrive follows the copies in program order. compute-sanitizer's racecheck
 // reported the copies' writes against the slot reads (14 hazards) with the arrive before the copies and one
 // arrive per consumer warp after __syncwarp; with both as here, none (H200, 2026-12-03).
-template <int B, int P, int SEGS>
+template <int B, int P, int SEGS, bool Split>
 __device__ void produce(const FmaArgs& a, const Ring& ring, unsigned char* slots, uint64_t* full, uint64_t* empty,
-                        int64_t tile_units, int lane) {
+                        int64_t tile_units, int splits, int lane) {
+  const Share sh = block_share<Split>(tile_units, splits);
   const uint32_t entry_bytes = 64 * meta_words<P>(a);  // one group's 16 rows
   const uint32_t plane_bytes = ring.units * (B / 2) * kKblockBytes;
   int slot = 0;
   uint32_t phase = 0;
-  for (int64_t tile = blockIdx.x; tile < a.row_tiles; tile += gridDim.x)
-    for (int64_t u0 = 0; u0 < tile_units; u0 += ring.units, slot = slot + 1 == ring.slots ? (phase ^= 1, 0) : slot + 1) {
+  const int64_t kb_end = Split ? min(a.kblocks, sh.u_end * (B / 2)) : a.kblocks;
+  const int64_t g_end = Split ? min(a.groups, sh.u_end * SEGS) : a.groups;
+  for (int64_t tile = Split ? sh.first_tile : blockIdx.x; tile < a.row_tiles;
+       tile += Split ? sh.tile_stride : gridDim.x)
+    for (int64_t u0 = sh.u_begin; u0 < sh.u_end; u0 += ring.units,
+                 slot = slot + 1 == ring.slots ? (phase ^= 1, 0) : slot + 1) {
       mbar_wait(empty + slot, phase ^ 1);
       const int64_t kb0 = u0 * (B / 2), g0 = u0 * SEGS;
-      const uint32_t code_bytes = static_cast<uint32_t>(min(int64_t{ring.units} * (B / 2), a.kblocks - kb0)) * kKblockBytes;
-      const uint32_t meta_bytes = static_cast<uint32_t>(min(int64_t{ring.units} * SEGS, a.groups - g0)) * entry_bytes;
+      const uint32_t code_bytes = static_cast<uint32_t>(min(int64_t{ring.units} * (B / 2), kb_end - kb0)) * kKblockBytes;
+      const uint32_t meta_bytes = static_cast<uint32_t>(min(int64_t{ring.units} * SEGS, g_end - g0)) * entry_bytes;
       unsigned char* dst = slots + static_cast<size_t>(slot) * ring.slot_bytes;
       const char* src[P + 1];
       uint32_t dst_off[P + 1], bytes[P + 1];
@@ -452,15 +482,18 @@ __device__ void produce(const FmaArgs& a, const Ring& ring, unsigned char* slots
 // TC: decode on the tensor cores (affine, batch 1..8), with the B fragments of x in xfrag.
 template <int B, int P, int M, int SEGS, bool TC>
 __device__ void consume(const FmaArgs& a, const Ring& ring, const unsigned char* slots, uint64_t* full,
-                        uint64_t* empty, int64_t tile_units, const float* x, int m, float* y, float* group_sx,
-                        float* partial, uint2* xfrag, int consumers, int warp, int lane) {
+                        uint64_t* empty, int64_t tile_units, int splits, const float* x, int m, float* y,
+                        float* group_sx, float* partial, uint2* xfrag, int consumers, int warp, int lane) {
+  const Share sh = block_share<kSplits<M, TC>>(tile_units, splits);
   const int g = lane / 4, t = lane % 4;
   const uint32_t plane_bytes = ring.units * (B / 2) * kKblockBytes;
   const float* xr[M];
 #pragma unroll
   for (int i = 0; i < M; ++i) xr[i] = x + (i < m ? i : 0) * a.cols;
-  group_sums<M, SEGS, TC>(a, xr, group_sx, warp, consumers, lane);
-  if constexpr (TC) build_xfrag<M>(a, x, m, xfrag, tile_units * (kUnitCols / 16), warp * 32 + lane, consumers * 32);
+  group_sums<M, SEGS, TC>(a, xr, group_sx, sh.u_begin, sh.u_end, warp, consumers, lane);
+  if constexpr (TC)
+    build_xfrag<M>(a, x, m, xfrag, sh.u_begin * (kUnitCols / 16), (sh.u_end - sh.u_begin) * (kUnitCols / 16),
+                   warp * 32 + lane, consumers * 32);
   consumers_sync(consumers);
 
   constexpr int A = TC ? kNtiles<M> : M;  // accumulators per row: n-tiles (TC) or batch rows
@@ -471,13 +504,15 @@ __device__ void consume(const FmaArgs& a, const Ring& ring, const unsigned char*
     for (int i = 0; i < A; ++i) acc[r][i] = 0.0f;
   int slot = 0, parity = 0;
   uint32_t phase = 0;
-  for (int64_t tile = blockIdx.x; tile < a.row_tiles; tile += gridDim.x, parity ^= 1) {
-    for (int64_t u0 = 0; u0 < tile_units; u0 += ring.units, slot = slot + 1 == ring.slots ? (phase ^= 1, 0) : slot + 1) {
+  for (int64_t tile = kSplits<M, TC> ? sh.first_tile : blockIdx.x; tile < a.row_tiles;
+       tile += kSplits<M, TC> ? sh.tile_stride : gridDim.x, parity ^= 1) {
+    for (int64_t u0 = sh.u_begin; u0 < sh.u_end; u0 += ring.units,
+                 slot = slot + 1 == ring.slots ? (phase ^= 1, 0) : slot + 1) {
       mbar_wait(full + slot, phase);
       const unsigned char* src = slots + static_cast<size_t>(slot) * ring.slot_bytes;
-      const int units = static_cast<int>(min(int64_t{ring.units}, tile_units - u0));
+      const int units = static_cast<int>(min(int64_t{ring.units}, sh.u_end - u0));
       for (int u = warp; u < units; u += consumers) {
-        const int64_t s = u0 + u;
+        const int64_t s = u0 + u, sl = s - sh.u_begin;
         uint32_t w[P][B / 2][4];
 #pragma unroll
         for (int p = 0; p < P; ++p)
@@ -490,7 +525,7 @@ __device__ void consume(const FmaArgs& a, const Ring& ring, const unsigned char*
           }
         const uint32_t* meta = reinterpret_cast<const uint32_t*>(src + P * plane_bytes) + u * SEGS * 16 * meta_words<P>(a);
         if constexpr (TC) {
-          mma_unit<B, M, SEGS>(a, w, s, meta, xfrag, group_sx, g, t, acc);
+          mma_unit<B, M, SEGS>(a, w, s, sl, meta, xfrag, group_sx, g, t, acc);
         } else if (a.cols % 2 == 0 && (s + 1) * kUnitCols <= a.cols) {
           compute_unit<true, B, P, M, SEGS>(a, w, s, meta, xr, group_sx, g, t, acc);
         } else {
@@ -525,15 +560,23 @@ __device__ void consume(const FmaArgs& a, const Ring& ring, const unsigned char*
       if (k >= m || row >= a.rows) continue;
       float v = 0.0f;
       for (int wp = 0; wp < consumers; ++wp) v += part[(wp * 16 + rr) * M + k];
-      y[k * a.rows + row] = v;
+      if (kSplits<M, TC> && splits > 1) {
+        atomicAdd(y + k * a.rows + row, v);
+      } else {
+        y[k * a.rows + row] = v;
+      }
     }
   }
 }
 
+// Units per tile and per K slice of `splits`.
+int64_t tile_units(const FmaArgs& a, int bits) { return (a.kblocks + bits / 2 - 1) / (bits / 2); }
+int64_t slice_units(const FmaArgs& a, int bits, int splits) { return (tile_units(a, bits) + splits - 1) / splits; }
+
 // Shared memory besides the ring: its full and empty mbarriers, with TC xfrag (64 M bytes per k16 step of the
-// whole units: zeros past the row), group_sx [groups][M], partial [2][consumers][16][M].
-size_t smem_besides_ring(const FmaArgs& a, int bits, int m, bool tc, int slots, int consumers) {
-  const int64_t units = (a.kblocks + bits / 2 - 1) / (bits / 2);
+// slice's whole units: zeros past the row), group_sx [groups][M], partial [2][consumers][16][M].
+size_t smem_besides_ring(const FmaArgs& a, int bits, int m, bool tc, int splits, int slots, int consumers) {
+  const int64_t units = slice_units(a, bits, splits);
   return 16 * static_cast<size_t>(slots) + static_cast<size_t>(a.groups) * m * sizeof(float) +
          2 * static_cast<size_t>(consumers) * 16 * m * sizeof(float) +
          (tc ? static_cast<size_t>(units) * 8 * 64 * m : 0);
@@ -541,15 +584,16 @@ size_t smem_besides_ring(const FmaArgs& a, int bits, int m, bool tc, int slots, 
 
 template <int B, int P, int M, int SEGS, bool TC>
 __global__ void __launch_bounds__(kMaxThreads, 1)
-    affine_fma_kernel(FmaArgs a, Ring ring, const float* __restrict__ x, int m, float* __restrict__ y) {
+    affine_fma_kernel(FmaArgs a, Ring ring, const float* __restrict__ x, int m, float* __restrict__ y, int splits) {
   extern __shared__ __align__(128) unsigned char smem[];
   const int consumers = blockDim.x / 32 - 1, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + static_cast<size_t>(ring.slots) * ring.slot_bytes);
   uint64_t* empty = full + ring.slots;
   uint2* xfrag = reinterpret_cast<uint2*>(empty + ring.slots);
-  float* group_sx = reinterpret_cast<float*>(xfrag + (TC ? (a.kblocks + B / 2 - 1) / (B / 2) * 64 * M : 0));
-  float* partial = group_sx + a.groups * M;
   const int64_t tile_units = (a.kblocks + B / 2 - 1) / (B / 2);
+  const Share sh = block_share<kSplits<M, TC>>(tile_units, splits);
+  float* group_sx = reinterpret_cast<float*>(xfrag + (TC ? (sh.u_end - sh.u_begin) * 64 * M : 0));
+  float* partial = group_sx + a.groups * M;
   if (threadIdx.x == 0) {
     for (int s = 0; s < ring.slots; ++s) mbar_init(full + s, 1), mbar_init(empty + s, consumers * 32);
 #if __CUDA_ARCH__ >= 900
@@ -558,10 +602,10 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
   }
   __syncthreads();
   if (warp == consumers) {
-    produce<B, P, SEGS>(a, ring, smem, full, empty, tile_units, lane);
+    produce<B, P, SEGS, kSplits<M, TC>>(a, ring, smem, full, empty, tile_units, splits, lane);
   } else {
-    consume<B, P, M, SEGS, TC>(a, ring, smem, full, empty, tile_units, x, m, y, group_sx, partial, xfrag, consumers,
-                               warp, lane);
+    consume<B, P, M, SEGS, TC>(a, ring, smem, full, empty, tile_units, splits, x, m, y, group_sx, partial, xfrag,
+                               consumers, warp, lane);
   }
 }
 
@@ -582,15 +626,15 @@ constexpr size_t kMaxSmem = 227 << 10;
 constexpr size_t kMinRingBytes = 32 << 10;  // the TC decode needs at least this much room for the ring
 
 // The ring's share of shared memory: up to kRingBytes, as much as the rest leaves.
-size_t ring_room(const FmaArgs& a, int bits, int m, bool tc) {
-  const size_t besides = smem_besides_ring(a, bits, m, tc, 64, kConsumers);
+size_t ring_room(const FmaArgs& a, int bits, int m, bool tc, int splits) {
+  const size_t besides = smem_besides_ring(a, bits, m, tc, splits, 64, kConsumers);
   const size_t room = besides < kMaxSmem ? kMaxSmem - besides : 0;
   return room < size_t{kRingBytes} ? room : size_t{kRingBytes};
 }
 
 // Launches with TC if its shared memory leaves room for a ring of at least kMinRingBytes, else returns false.
 template <int B, int P, int M, int SEGS, bool TC>
-bool launch_kernel(const FmaArgs& a, const float* x, int m, float* y, CUstream_st* s) {
+bool launch_kernel(const FmaArgs& a, int splits, const float* x, int m, float* y, CUstream_st* s) {
   static const bool attribute_set = [] {
     cudaFuncSetAttribute(affine_fma_kernel<B, P, M, SEGS, TC>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                          static_cast<int>(kMaxSmem));
@@ -600,39 +644,43 @@ bool launch_kernel(const FmaArgs& a, const float* x, int m, float* y, CUstream_s
   const int unit_code_bytes = P * (B / 2) * kKblockBytes;
   Ring ring{};
   ring.units = kConsumers * ((kSlotCodeBytes + kConsumers * unit_code_bytes - 1) / (kConsumers * unit_code_bytes));
+  const int64_t slice = slice_units(a, B, splits);
+  if (splits > 1 && slice < ring.units) ring.units = static_cast<int>(slice);  // one slot per tile slice
   ring.slot_bytes = static_cast<uint32_t>(ring.units * (unit_code_bytes + SEGS * 64 * P * (a.meta_f32 ? 2 : 1)));
-  const size_t ring_bytes = ring_room(a, B, M, TC);
+  const size_t ring_bytes = ring_room(a, B, M, TC, splits);
   if (TC && ring_bytes < kMinRingBytes) return false;
   ring.slots = static_cast<int>(ring_bytes / ring.slot_bytes);
   ring.slots = ring.slots < 2 ? 2 : (ring.slots > 64 ? 64 : ring.slots);
-  const int64_t blocks = a.row_tiles < sm_count() ? a.row_tiles : sm_count();
-  const size_t smem =
-      static_cast<size_t>(ring.slots) * ring.slot_bytes + smem_besides_ring(a, B, M, TC, ring.slots, kConsumers);
-  affine_fma_kernel<B, P, M, SEGS, TC><<<static_cast<unsigned>(blocks), (kConsumers + 1) * 32, smem, s>>>(a, ring, x,
-                                                                                                         m, y);
+  const int64_t groups = a.row_tiles < sm_count() / splits ? a.row_tiles : sm_count() / splits;
+  const size_t smem = static_cast<size_t>(ring.slots) * ring.slot_bytes +
+                      smem_besides_ring(a, B, M, TC, splits, ring.slots, kConsumers);
+  if (splits > 1) cudaMemsetAsync(y, 0, static_cast<size_t>(m) * a.rows * sizeof(float), s);
+  affine_fma_kernel<B, P, M, SEGS, TC>
+      <<<static_cast<unsigned>(groups * splits), (kConsumers + 1) * 32, smem, s>>>(a, ring, x, m, y, splits);
   return true;
 }
 
 // Affine on the tensor cores, batch 1 at both widths and 2..8 at 4 bits (affine_fma_serves checked that x's
 // fragments fit); batch 1 falls back to the CUDA-core decode when they do not.
 template <int B, int SEGS>
-void launch_affine(const FmaArgs& a, const float* x, int m, int batch, float* y, CUstream_st* s) {
+void launch_affine(const FmaArgs& a, int splits, const float* x, int m, int batch, float* y, CUstream_st* s) {
   if constexpr (B == 4) {
     switch (batch) {
-      case 2: launch_kernel<B, 1, 2, SEGS, true>(a, x, m, y, s); return;
-      case 4: launch_kernel<B, 1, 4, SEGS, true>(a, x, m, y, s); return;
-      case 8: launch_kernel<B, 1, 8, SEGS, true>(a, x, m, y, s); return;
+      case 2: launch_kernel<B, 1, 2, SEGS, true>(a, splits, x, m, y, s); return;
+      case 4: launch_kernel<B, 1, 4, SEGS, true>(a, splits, x, m, y, s); return;
+      case 8: launch_kernel<B, 1, 8, SEGS, true>(a, splits, x, m, y, s); return;
       default: break;
     }
   }
-  if (!launch_kernel<B, 1, 1, SEGS, true>(a, x, m, y, s)) launch_kernel<B, 1, 1, SEGS, false>(a, x, m, y, s);
+  if (!launch_kernel<B, 1, 1, SEGS, true>(a, 1, x, m, y, s)) launch_kernel<B, 1, 1, SEGS, false>(a, 1, x, m, y, s);
 }
 
 template <int B>
-void launch_affine_segs(const FmaArgs& a, int segs, const float* x, int m, int batch, float* y, CUstream_st* s) {
-  if (segs == 1) return launch_affine<B, 1>(a, x, m, batch, y, s);
-  if (segs == 2) return launch_affine<B, 2>(a, x, m, batch, y, s);
-  launch_affine<B, 4>(a, x, m, batch, y, s);
+void launch_affine_segs(const FmaArgs& a, int segs, int splits, const float* x, int m, int batch, float* y,
+                        CUstream_st* s) {
+  if (segs == 1) return launch_affine<B, 1>(a, splits, x, m, batch, y, s);
+  if (segs == 2) return launch_affine<B, 2>(a, splits, x, m, batch, y, s);
+  launch_affine<B, 4>(a, splits, x, m, batch, y, s);
 }
 
 FmaArgs affine_args(const AffineMmaDevice& w) {
@@ -640,36 +688,52 @@ FmaArgs affine_args(const AffineMmaDevice& w) {
           w.kblocks * mma_kblock_cols(w.bits) / w.group, w.meta_f32};
 }
 
+// Batches 2..8: every block reads x (batch x slice floats, in its prologue), so the persistent kernel pays off
+// only where that is small against the block's share of the weights. Measured 2026-12-03 (H200, 132 blocks, 4 bits
+// g128, us, against affine_mma.cu) with whole rows per block: 28672 x 8192 m = 2 / 4: 64.0 / 70.0 (95.0 / 99.7);
+// 128256 x 4096 m = 2 / 4 / 8: 142 / 141 / 174 (156 / 161 / 252); 28672 x 4096 m = 2 / 4 / 8: 39.7 / 43.0 / 57.1
+// (49.3 / 51.4 / 66.5); 14336 x 4096 m = 2 / 4 / 8: 23.9 / 26.9 / 37.0 (26.5 / 27.4 / 35.1); 6144 x 4096 m = 2 / 4:
+// 14.8 / 18.1 (17.3 / 17.6); 4096 x 4096 m = 2: 11.9 (10.3). So rows >= 20 batch (blocks / splits): x's bytes
+// at most 0.4 of the block's weight bytes, where each tile's K is split over `splits` blocks (the smallest of 1, 2,
+// 4, 8 that fits). Splitting paid off only on long rows: 4096 x 14336 m = 2 / 4 / 8 in 2 / 4 / 8 slices ran 25.0 /
+// 26.7 / 32.1 against affine_mma.cu's 27.4 / 28.2 / 57.8, while rows of 4096 columns lost (4096 x 4096 m = 8 in 8
+// slices 22.7 vs 20.4, 6144 x 4096 in 4 slices 21.2 vs 19.2, 14336 x 4096 in 2 slices 36.6 vs 35.1), so tiles of
+// fewer than kMinSplitUnits units stay whole. 2 bits lost at most shapes (14336 x 4096 m = 4: 27.3 vs 21.3: the
+// 2-bit decode, bound by the CUDA cores at batch 1 already, gains less from reading the weights once), so they keep
+// affine_mma.cu.
+constexpr int kMaxSplits = 8;
+constexpr int64_t kMinSplitUnits = 64;  // 8192 columns; with at most 8 slices no slice is empty
+
+// The K slices per tile for batch 2..8 at 4 bits, or 0 where the persistent kernel does not serve it.
+int affine_splits(const AffineMmaDevice& w, int batch) {
+  const FmaArgs a = affine_args(w);
+  const int max_splits = tile_units(a, w.bits) >= kMinSplitUnits ? kMaxSplits : 1;
+  for (int splits = 1; splits <= max_splits; splits *= 2) {
+    const int64_t groups = a.row_tiles < sm_count() / splits ? a.row_tiles : sm_count() / splits;
+    if (w.rows >= 20 * batch * groups && ring_room(a, w.bits, batch, true, splits) >= kMinRingBytes) return splits;
+  }
+  return 0;
+}
+
 }  // namespace
 
-// Batches 2..8: every block reads all of x (batch x cols floats, in its prologue), so the persistent kernel pays
-// off only where that is small against the block's share of the weights. Measured 2026-12-03 (H200, 132 blocks,
-// 4 bits g128, us, against affine_mma.cu): 28672 x 8192 m = 2 / 4: 64.0 / 70.0 (95.0 / 99.7); 128256 x 4096
-// m = 2 / 4 / 8: 142 / 141 / 174 (156 / 161 / 252); 28672 x 4096 m = 2 / 4 / 8: 39.7 / 43.0 / 57.1 (49.3 / 51.4 /
-// 66.5); 14336 x 4096 m = 2 / 4 / 8: 23.9 / 26.9 / 37.0 (26.5 / 27.4 / 35.1); 6144 x 4096 m = 2 / 4: 14.8 / 18.1
-// (17.3 / 17.6); 4096 x 4096 m = 2: 11.9 (10.3). So rows >= 20 batch blocks (x's bytes at most 0.4 of the block's
-// weight bytes). 2 bits lost at most shapes (14336 x 4096 m = 4: 27.3 vs 21.3: the 2-bit decode, bound by the
-// CUDA cores at batch 1 already, gains less from reading the weights once), so they keep affine_mma.cu.
 bool affine_fma_serves(const AffineMmaDevice& w, int batch) {
-  const FmaArgs a = affine_args(w);
-  if (batch == 1) return fma_group_sums_fit(a.groups, 1);
-  const int64_t blocks = a.row_tiles < sm_count() ? a.row_tiles : sm_count();
-  return w.bits == 4 && batch <= kFmaTcMaxBatch && w.rows >= 20 * batch * blocks &&
-         ring_room(a, w.bits, batch, true) >= kMinRingBytes;
+  if (batch == 1) return fma_group_sums_fit(affine_args(w).groups, 1);
+  return w.bits == 4 && batch <= kFmaTcMaxBatch && affine_splits(w, batch) > 0;
 }
 
 void launch_affine_fma_kernel(const AffineMmaDevice& w, const float* x, int m, int batch, float* y, CUstream_st* s) {
   const int segs = kUnitCols / w.group;
-  if (w.bits == 2) return launch_affine_segs<2>(affine_args(w), segs, x, m, batch, y, s);
-  launch_affine_segs<4>(affine_args(w), segs, x, m, batch, y, s);
+  if (w.bits == 2) return launch_affine_segs<2>(affine_args(w), segs, 1, x, m, batch, y, s);
+  launch_affine_segs<4>(affine_args(w), segs, batch == 1 ? 1 : affine_splits(w, batch), x, m, batch, y, s);
 }
 
 void launch_two_plane_kernel(const TwoPlaneDevice& w, const float* x, int m, int batch, float* y, CUstream_st* s) {
   const FmaArgs a{{w.base, w.residual}, w.meta, w.rows, w.cols, w.row_tiles, w.kblocks, w.kblocks, w.meta_f32};
   switch (batch) {
-    case 1: launch_kernel<2, 2, 1, 1, false>(a, x, m, y, s); return;
-    case 2: launch_kernel<2, 2, 2, 1, false>(a, x, m, y, s); return;
-    default: launch_kernel<2, 2, 4, 1, false>(a, x, m, y, s); return;
+    case 1: launch_kernel<2, 2, 1, 1, false>(a, 1, x, m, y, s); return;
+    case 2: launch_kernel<2, 2, 2, 1, false>(a, 1, x, m, y, s); return;
+    default: launch_kernel<2, 2, 4, 1, false>(a, 1, x, m, y, s); return;
   }
 }
 
