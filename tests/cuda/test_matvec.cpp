@@ -361,6 +361,51 @@ TEST_F(CudaMatvec, TwoPlaneAndOffsetScaleGemmMatchDecodeRows) {
   EXPECT_LT(matmul_error(e.ref, 99, rng), 2e-5);
 }
 
+// The tile GEMM (tile_gemm.cu) of dense bf16 and affine 3/5/6/8 bits, decoded into shared memory: partial row and
+// token tiles, odd widths (x copied a float at a time, partial coalesced steps and bit-stream chunks), every group and
+// meta type.
+TEST_F(CudaMatvec, TileGemmMatchesDecodeRows) {
+  std::uniform_int_distribution<int64_t> rows_d(1, 300), cols_d(1, 1100);
+  std::vector<std::pair<std::string, codec::Params>> cases = {{"dense", {{"dtype", "bf16"}}}};
+  for (int bits : {3, 5, 6, 8})
+    for (int group : {32, 64, 128})
+      for (const char* dt : {"bf16", "f16", "f32"})
+        cases.push_back({"affine", {{"bits", bits}, {"group_size", group}, {"scale_dtype", dt}}});
+  for (const auto& [id, params] : cases) {
+    const int64_t rows = rows_d(rng), cols = cols_d(rng);
+    const Encoded e = encode(id, params, rows, cols, rng);
+    for (int m : {17, 40, 64, 130, 257}) {
+      SCOPED_TRACE(::testing::Message() << id << " " << params.dump() << " [" << rows << ", " << cols << "], m " << m);
+      EXPECT_LT(matmul_error(e.ref, m, rng), 2e-5);
+    }
+  }
+}
+
+// Long rows split K over a cluster of blocks (shares of whole groups of up to 2 stages, the last share
+// shorter); tall matrices take many row blocks; offset_scale q3 as its 3-bit affine form.
+TEST_F(CudaMatvec, TileGemmSplitKMatchesDecodeRows) {
+  struct Case {
+    std::string id;
+    codec::Params params;
+    int64_t rows, cols;
+  };
+  const std::vector<Case> cases = {
+      {"dense", {{"dtype", "bf16"}}, 200, 9001},
+      {"affine", {{"bits", 8}, {"group_size", 32}, {"scale_dtype", "bf16"}}, 130, 20000},
+      {"affine", {{"bits", 3}, {"group_size", 128}, {"scale_dtype", "bf16"}}, 1000, 4096},
+      {"affine", {{"bits", 5}, {"group_size", 128}, {"scale_dtype", "f32"}}, 64, 12345},
+      {"affine", {{"bits", 6}, {"group_size", 64}, {"scale_dtype", "bf16"}}, 3000, 700},
+      {"offset_scale", {{"precision", "q3"}}, 150, 3000},
+  };
+  for (const Case& c : cases)
+    for (int m : {17, 65, 190}) {
+      const Encoded e = encode(c.id, c.params, c.rows, c.cols, rng);
+      SCOPED_TRACE(::testing::Message() << c.id << " " << c.params.dump() << " [" << c.rows << ", " << c.cols
+                                        << "], m " << m);
+      EXPECT_LT(matmul_error(e.ref, m, rng), 2e-5);
+    }
+}
+
 TEST_F(CudaMatvec, RejectsBatchOutsideRange) {
   const Encoded e = encode("dense", {{"dtype", "bf16"}}, 8, 64, rng);
   const auto linear = prepare_cuda(e.ref);

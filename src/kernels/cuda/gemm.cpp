@@ -1,5 +1,5 @@
-// Checked entry points of the prefill GEMM kernels (affine_gemm.cu): the row count and layout checks the unchecked
-// launchers rely on.
+// Checked entry points of the prefill GEMM kernels (affine_gemm.cu, tile_gemm.cu): the row count and layout checks
+// the unchecked launchers rely on.
 #include "kernels/cuda/gemm.h"
 
 #include "lowbit/core/error.h"
@@ -32,6 +32,28 @@ void two_plane_gemm(const TwoPlaneDevice& w, const float* x, int64_t m, float* y
   check_rows(m, w.row_tiles, "cuda two_plane gemm");
   launch_two_plane_gemm_kernel(w, x, m, y, s);
   check_last_error("cuda two_plane gemm");
+}
+
+void coalesced_gemm(const CoalescedDevice& w, const float* x, int64_t m, float* y, Stream s) {
+  const bool bits_ok = w.bits == 8 || (w.bits == 16 && w.group == 0);
+  const bool group_ok = w.bits == 16 || (w.group >= 32 && (w.group & (w.group - 1)) == 0 && w.kpad % w.group == 0);
+  if (!bits_ok || !group_ok || w.kpad % coalesced_step_cols(w.bits) != 0 || w.kpad < w.cols)
+    fail(Errc::unsupported, "[cuda coalesced gemm] {} bits, group {}, padded width {} has no kernel", w.bits, w.group,
+         w.kpad);
+  check_rows(m, (w.rows + 15) / 16, "cuda coalesced gemm");
+  launch_coalesced_gemm_kernel(w, x, m, y, s);
+  check_last_error("cuda coalesced gemm");
+}
+
+void affine_gemm(const AffineDevice& w, const float* x, int64_t m, float* y, Stream s) {
+  const bool bits_ok = w.bits == 3 || w.bits == 5 || w.bits == 6;
+  const bool group_ok = w.group >= 32 && (w.group & (w.group - 1)) == 0;
+  if (!bits_ok || !group_ok || w.kpad % kChunkWeights != 0 || w.kpad % w.group != 0 || w.kpad < w.cols)
+    fail(Errc::unsupported, "[cuda affine gemm] {} bits, group {}, padded width {} has no kernel", w.bits, w.group,
+         w.kpad);
+  check_rows(m, (w.rows + 15) / 16, "cuda affine gemm");
+  launch_affine_tile_gemm_kernel(w, x, m, y, s);
+  check_last_error("cuda affine gemm");
 }
 
 }  // namespace lowbit::kernels::cuda

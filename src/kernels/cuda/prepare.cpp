@@ -154,6 +154,11 @@ class DenseLinear final : public CudaLinear {
     if (coalesced_) return coalesced_matmul(cw_, x, m, y, s);
     dense_matmul(w_, x, m, y, s);
   }
+  // bf16: more rows than a decode batch run the tensor-core GEMM (f16/f32 stay on chunks of kMaxBatch rows).
+  void gemm(const float* x, int64_t m, float* y, Stream s) const override {
+    if (coalesced_ && m > kMaxBatch) return coalesced_gemm(cw_, x, m, y, s);
+    CudaLinear::gemm(x, m, y, s);
+  }
   uint64_t weight_bytes() const override { return bytes_; }
 
  private:
@@ -207,14 +212,16 @@ class AffineLinear final : public CudaLinear {
   int64_t cols() const override { return mma_ ? mw_.cols : w_.cols; }
   void matmul(const float* x, int m, float* y, Stream s) const override {
     if (mma_) return affine_mma_matmul(mw_, x, m, y, s);
-    if (coalesced_)
-      return coalesced_matmul({w_.codes, w_.meta, w_.rows, w_.cols, w_.kpad, w_.bits, w_.group, w_.meta_type}, x, m, y, s);
+    if (coalesced_) return coalesced_matmul(coalesced(), x, m, y, s);
     affine_matmul(w_, x, m, y, s);
   }
-  // 2/4 bits: more rows than a decode batch run the tensor-core GEMM.
+  // More rows than a decode batch run a tensor-core GEMM: the tensor-core layout's at 2/4 bits, the tile GEMM's
+  // decoding into shared memory at 3/5/6/8 bits.
   void gemm(const float* x, int64_t m, float* y, Stream s) const override {
-    if (mma_ && m > kMaxBatch) return affine_mma_gemm(mw_, x, m, y, s);
-    CudaLinear::gemm(x, m, y, s);
+    if (m <= kMaxBatch) return CudaLinear::gemm(x, m, y, s);
+    if (mma_) return affine_mma_gemm(mw_, x, m, y, s);
+    if (coalesced_) return coalesced_gemm(coalesced(), x, m, y, s);
+    affine_gemm(w_, x, m, y, s);
   }
   uint64_t weight_bytes() const override { return bytes_; }
   // Counts `bytes` as the weight's stored size (a codec re-expressed as affine stores fewer).
@@ -283,6 +290,10 @@ class AffineLinear final : public CudaLinear {
       }
     meta_ = DeviceBuffer(staged.size());
     meta_.upload(staged.data(), staged.size());
+  }
+
+  CoalescedDevice coalesced() const {
+    return {w_.codes, w_.meta, w_.rows, w_.cols, w_.kpad, w_.bits, w_.group, w_.meta_type};
   }
 
   // 2/4 bits: tensor-core layout; 8 bits: coalesced layout; 3/5/6 bits: row-chunk layout.
