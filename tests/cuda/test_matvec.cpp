@@ -288,6 +288,47 @@ TEST_F(CudaMatvec, TrellisRotatedMatchesDecodeRows) {
     }
 }
 
+// Trellis prefill GEMM (trellis_gemm.cu, m > kMaxBatch): every k, L and code, each rotation on a third of them,
+// row counts with partial 256-row blocks and 64-row token blocks, odd widths (partial chunks, scalar copies of x).
+TEST_F(CudaMatvec, TrellisGemmMatchesDecodeRows) {
+  std::uniform_int_distribution<int64_t> rows_d(1, 600), cols_d(1, 700);
+  const char* rotations[] = {"none", "input", "both"};
+  int combo = 0;
+  for (int k : {2, 3, 4})
+    for (int L : {12, 16})
+      for (const char* code : {"1mad", "3inst"}) {
+        const char* rotate = rotations[combo++ % 3];
+        const int64_t rows = rows_d(rng), cols = cols_d(rng);
+        codec::Params params{{"L", L}, {"k", k}, {"code", code}, {"rotate", rotate}};
+        if (std::string(rotate) != "none") params["input_seed"] = 5;
+        if (std::string(rotate) == "both") params["output_seed"] = 6;
+        const auto t = lowbit::testing::random_tensor("trellis", params, rows, cols, rng, 0.5f);
+        for (int m : {17, 40, 64, 130, 257}) {
+          SCOPED_TRACE(::testing::Message() << "k " << k << " L " << L << " " << code << " rotate " << rotate << " ["
+                                            << rows << ", " << cols << "], m " << m);
+          EXPECT_LT(matmul_error(t.ref, m, rng), 1e-4);
+        }
+      }
+}
+
+// Long rows split K over a cluster of blocks (up to 8, uneven shares); rotated gemm runs in chunks of 512 rows
+// through the shared scratch, a last chunk of up to 16 rows through the decode kernel.
+TEST_F(CudaMatvec, TrellisGemmSplitAndChunksMatchDecodeRows) {
+  for (const char* code : {"1mad", "3inst"}) {
+    const codec::Params plain{{"L", 16}, {"k", 3}, {"code", code}, {"rotate", "none"}};
+    const auto t = lowbit::testing::random_tensor("trellis", plain, 300, 2100, rng, 0.5f);
+    for (int m : {20, 64, 200}) {
+      SCOPED_TRACE(::testing::Message() << code << " [300, 2100], m " << m);
+      EXPECT_LT(matmul_error(t.ref, m, rng), 1e-4);
+    }
+    const codec::Params rotated{{"L", 12}, {"k", 2}, {"code", code}, {"rotate", "both"}, {"input_seed", 7},
+                                {"output_seed", 8}};
+    const auto r = lowbit::testing::random_tensor("trellis", rotated, 50, 100, rng, 0.5f);
+    SCOPED_TRACE(::testing::Message() << code << " rotated [50, 100], m 520");
+    EXPECT_LT(matmul_error(r.ref, 520, rng), 1e-4);
+  }
+}
+
 // gemm (prefill) takes any number of rows, for every codec: batches past kMaxBatch, with a partial last chunk.
 TEST_F(CudaMatvec, GemmMatchesDecodeRowsForEveryCodec) {
   const std::vector<std::pair<std::string, codec::Params>> codecs = {

@@ -73,11 +73,27 @@ void two_plane_matmul(const TwoPlaneDevice& w, const float* x, int m, float* y, 
   check_last_error("cuda two_plane matmul");
 }
 
-void trellis_matmul(const TrellisDevice& w, const float* x, int m, float* y, Stream s) {
+namespace {
+void check_trellis(const TrellisDevice& w) {
   if (w.k < 2 || w.k > 4 || w.L < 8 || w.L > 16 || w.padded_rows % 16 != 0 || w.chunks * 64 < w.cols)
     fail(Errc::unsupported, "[cuda trellis] k {}, L {} has no kernel", w.k, w.L);
+}
+}  // namespace
+
+void trellis_matmul(const TrellisDevice& w, const float* x, int m, float* y, Stream s) {
+  check_trellis(w);
   launch_trellis_kernel(w, x, m, batch_width(m, w.padded_rows), y, s);
   check_last_error("cuda trellis matmul");
+}
+
+void trellis_gemm(const TrellisDevice& w, const float* x, int64_t m, float* y, Stream s) {
+  if (m < 1) fail(Errc::limit, "[cuda trellis gemm] {} rows", m);
+  if (m <= kMaxBatch) return trellis_matmul(w, x, static_cast<int>(m), y, s);
+  check_trellis(w);
+  if (m > (int64_t{65535} << 6) || w.padded_rows >= (int64_t{1} << 31))  // grid.y of 64 rows, grid.x of 256 rows
+    fail(Errc::limit, "[cuda trellis gemm] {} rows of [{}, {}] exceed the grid", m, w.rows, w.cols);
+  launch_trellis_gemm_kernel(w, x, m, y, s);
+  check_last_error("cuda trellis gemm");
 }
 
 void rotate(const RotationDevice& r, bool inverse, const float* in, int64_t in_len, int m, float* out, int64_t out_len,
@@ -88,7 +104,7 @@ void rotate(const RotationDevice& r, bool inverse, const float* in, int64_t in_l
       (!inverse && out_len != r.n))
     fail(Errc::unsupported, "[cuda rotate] size {} (small factor {}), in {}, out {} has no kernel", r.n, r.small,
          in_len, out_len);
-  batch_width(m, 1);
+  if (m < 1) fail(Errc::limit, "[cuda rotate] {} rows", m);
   launch_rotate_kernel(r, inverse, in, in_len, m, out, out_len, s);
   check_last_error("cuda rotate");
 }

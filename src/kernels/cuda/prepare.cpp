@@ -5,6 +5,8 @@
 #include <array>
 #include <bit>
 #include <cstring>
+#include <memory>
+#include <mutex>
 #include <vector>
 
 #include "kernels/cuda/gemm.h"
@@ -304,6 +306,35 @@ class AffineLinear final : public CudaLinear {
   uint64_t bytes_ = 0;
 };
 
+// Rows of x' and y' one rotated trellis gemm call rotates at a time.
+constexpr int64_t kRotatedGemmRows = 512;
+
+// x' and y' of kRotatedGemmRows rows for the widest rotated trellis sides prepared so far, one pair of device
+// buffers shared by every rotated TrellisLinear of the process (an 8B model has 224 linears), grown as weights are
+// prepared and freed with the last of them. So gemm on rotated trellis weights serves one stream at a time.
+class RotatedGemmScratch {
+ public:
+  static std::shared_ptr<RotatedGemmScratch> at_least(int64_t x_cols, int64_t y_cols) {
+    static std::mutex mutex;
+    static std::weak_ptr<RotatedGemmScratch> shared;
+    const std::lock_guard<std::mutex> lock(mutex);
+    std::shared_ptr<RotatedGemmScratch> s = shared.lock();
+    if (!s) shared = s = std::make_shared<RotatedGemmScratch>();
+    grow(s->x_, x_cols);
+    grow(s->y_, y_cols);
+    return s;
+  }
+  float* x() const { return x_.as<float>(); }
+  float* y() const { return y_.as<float>(); }
+
+ private:
+  static void grow(DeviceBuffer& b, int64_t cols) {
+    const uint64_t bytes = checked_mul(static_cast<uint64_t>(kRotatedGemmRows * cols), sizeof(float), "[prepare_cuda] gemm scratch");
+    if (b.size() < bytes) b = DeviceBuffer(bytes);
+  }
+  DeviceBuffer x_, y_;
+};
+
 class TrellisLinear final : public CudaLinear {
  public:
   explicit TrellisLinear(const codec::TensorRef& t) {
@@ -324,6 +355,8 @@ class TrellisLinear final : public CudaLinear {
       out_ = Rotation(l.padded_rows, l.output_seed);
       y_rotated_ = DeviceBuffer(checked_mul(static_cast<uint64_t>(kMaxBatch * l.padded_rows), sizeof(float), "[prepare_cuda] y'"));
     }
+    if (l.rotate_input || l.rotate_output)
+      gemm_scratch_ = RotatedGemmScratch::at_least(l.rotate_input ? l.padded_cols : 0, l.rotate_output ? l.padded_rows : 0);
     w_.padded_rows = l.padded_rows;
     w_.chunks = (l.col_tiles() + 3) / 4;
     w_.k = l.k;
@@ -337,14 +370,20 @@ class TrellisLinear final : public CudaLinear {
   int64_t cols() const override { return cols_; }
   // With rotation the activations pass through per-weight scratch buffers: one stream at a time per weight.
   void matmul(const float* x, int m, float* y, Stream s) const override {
-    const float* xin = x;
-    if (in_.device.n > 0) {
-      rotate(in_.device, false, x, cols_, m, x_rotated_.as<float>(), w_.cols, s);
-      xin = x_rotated_.as<const float>();
-    }
-    if (out_.device.n == 0) return trellis_matmul(w_, xin, m, y, s);
-    trellis_matmul(w_, xin, m, y_rotated_.as<float>(), s);
-    rotate(out_.device, true, y_rotated_.as<const float>(), w_.rows, m, y, rows_, s);
+    if (m < 1 || m > kMaxBatch) fail(Errc::limit, "[cuda matmul] batch {} outside [1, {}]", m, kMaxBatch);
+    multiply(x, m, y, x_rotated_.as<float>(), y_rotated_.as<float>(), s,
+             [](const TrellisDevice& w, const float* x, int64_t m, float* y, Stream s) {
+               trellis_matmul(w, x, static_cast<int>(m), y, s);
+             });
+  }
+  // With rotation, chunks of kRotatedGemmRows rows pass through the process's shared scratch (one stream at a
+  // time for all rotated trellis weights); without, one GEMM over all rows.
+  void gemm(const float* x, int64_t m, float* y, Stream s) const override {
+    if (!gemm_scratch_) return trellis_gemm(w_, x, m, y, s);
+    if (m < 1) fail(Errc::limit, "[cuda trellis gemm] {} rows", m);
+    for (int64_t row = 0; row < m; row += kRotatedGemmRows)
+      multiply(x + row * cols_, std::min(kRotatedGemmRows, m - row), y + row * rows_, gemm_scratch_->x(),
+               gemm_scratch_->y(), s, trellis_gemm);
   }
   uint64_t weight_bytes() const override { return bytes_; }
 
@@ -373,6 +412,19 @@ class TrellisLinear final : public CudaLinear {
     w_.scales = scales_.as<const float>();
   }
 
+  // y = x @ W^T through R_in and R_out^T where the tensor has them, with scratch for m rows of x' and y'.
+  template <class Kernel>
+  void multiply(const float* x, int64_t m, float* y, float* x_scratch, float* y_scratch, Stream s, Kernel kernel) const {
+    const float* xin = x;
+    if (in_.device.n > 0) {
+      rotate(in_.device, false, x, cols_, static_cast<int>(m), x_scratch, w_.cols, s);
+      xin = x_scratch;
+    }
+    if (out_.device.n == 0) return kernel(w_, xin, m, y, s);
+    kernel(w_, xin, m, y_scratch, s);
+    rotate(out_.device, true, y_scratch, w_.rows, static_cast<int>(m), y, rows_, s);
+  }
+
   // R = H D / sqrt(n) of codec/hadamard.h on the device (signs and the small Hadamard factor).
   struct Rotation {
     Rotation() = default;
@@ -397,6 +449,7 @@ class TrellisLinear final : public CudaLinear {
   DeviceBuffer codes_, scales_;
   Rotation in_, out_;
   DeviceBuffer x_rotated_, y_rotated_;
+  std::shared_ptr<RotatedGemmScratch> gemm_scratch_;  // rotated tensors only
   uint64_t bytes_ = 0;
 };
 

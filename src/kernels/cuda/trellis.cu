@@ -19,7 +19,7 @@
 #include <cuda_runtime.h>
 
 #include "kernels/cuda/trellis.h"
-#include "kernels/cuda/trellis_code.cuh"
+#include "kernels/cuda/trellis_tile.cuh"
 
 namespace lowbit::kernels::cuda {
 namespace {
@@ -30,43 +30,6 @@ constexpr int kWarps = 16;
 constexpr int kThreads = kWarps * 32;
 constexpr int kStages = 6;
 constexpr int64_t kFmaMinTileRows = 512;  // batch 1 from here on: trellis_fma.cu
-
-// States 4 t .. 4 t + 3 of a tile row from its window hi:lo:tail = [16 prefix bits | the row's 16 K bits], MSB
-// first (tail = 0 for K = 2, 3, whose window fits in 64 bits; for K = 4 it holds bits 64..79 in its high
-// half): state i is the L bits ending at bit 16 + (i + 1) K. `u` = the window's 32 bits from bit (4 t + 1) K
-// on (`shift` = that mod 32, `wide` = it is >= 32), so state j sits at the fixed offset 16 - j K in it, and
-// state 0 of a 16-bit trellis needs no mask.
-template <int K, bool kMad1, bool kL16>
-__device__ __forceinline__ void decode4(uint32_t hi, uint32_t lo, uint32_t tail, int shift, bool wide,
-                                        uint32_t mask, float (&f)[4]) {
-  uint32_t u;
-  if constexpr (13 * K < 32) {
-    u = __funnelshift_l(lo, hi, shift);
-  } else {
-    u = __funnelshift_l(wide ? tail : lo, wide ? lo : hi, shift);
-  }
-  f[0] = trellis_code<kMad1>(kL16 ? u >> 16 : (u >> 16) & mask);
-#pragma unroll
-  for (int j = 1; j < 4; ++j) f[j] = trellis_code<kMad1>((u >> (16 - j * K)) & (kL16 ? 0xFFFFu : mask));
-}
-
-__device__ __forceinline__ void mma_tf32(float (&c)[4], const float (&a)[4], uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(__float_as_uint(a[0])), "r"(__float_as_uint(a[1])), "r"(__float_as_uint(a[2])),
-        "r"(__float_as_uint(a[3])), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(gmem));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(N));
-}
 
 // n-tiles NT (hi and lo columns) and activation rows per lane NS for batch widths 4 (1..4), 8 and 16.
 template <int NT>
@@ -97,7 +60,7 @@ __device__ __forceinline__ void load_b(const float* const (&xs)[sources<NT>()], 
     }
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      const uint32_t hi = __float_as_uint(f[j]) & 0xFFFFE000u;
+      const uint32_t hi = tf32_hi(f[j]);
       if constexpr (NT == 1) {
         v[0][j] = lo_lane ? __float_as_uint(f[j] - __uint_as_float(hi)) : hi;
       } else {
@@ -106,11 +69,6 @@ __device__ __forceinline__ void load_b(const float* const (&xs)[sources<NT>()], 
       }
     }
   }
-}
-
-// The u16 words j (high half of the result) and i (low half) of a row's words, in one PRMT.
-__device__ __forceinline__ uint32_t pack16(const uint32_t* hi_words, int j, const uint32_t* lo_words, int i) {
-  return __byte_perm(lo_words[i / 2], hi_words[j / 2], (i % 2 ? 0x32u : 0x10u) | (j % 2 ? 0x7600u : 0x5400u));
 }
 
 template <int K, bool kMad1, bool kL16, int NT>
@@ -137,14 +95,7 @@ __global__ void __launch_bounds__(kThreads, NT == 4 ? 1 : 2)
   uint32_t* const ring = smem + warp * kStages * kChunkWords;
   const bool copier = lane < kCopyLanes;
 
-  const uint32_t mask = (1u << w.L) - 1u;
-  const int shift = ((4 * t + 1) * K) % 32;
-  const bool wide = (4 * t + 1) * K >= 32;
-  const int prefix_lane = ((g + 7) & 7) * 4 + t;
-  // Prefix of row g: the last word of row g - 1 (lane g - 1's first row), of row 15 for g = 0 (lane 7's second);
-  // the selectors put it above the row's first word (low or high half of its u32).
-  const uint32_t sel_g0 = g > 0 ? 0x5410u : 0x7610u, sel_h0 = g > 0 ? 0x7610u : 0x5410u;
-  const uint32_t sel_g1 = sel_g0 + 0x22u, sel_h1 = sel_h0 + 0x22u;
+  const TileDecoder<K, kMad1, kL16> decoder(w.L, g, t);
   // Activation rows this lane feeds into B: batch 1..4 rows g % 4 (hi in lanes g < 4, lo above), else g, g + 8.
   const float* xs[NS];
 #pragma unroll
@@ -189,25 +140,8 @@ __global__ void __launch_bounds__(kThreads, NT == 4 ? 1 : 2)
     const bool full = x_aligned && chunk_col + kTilesPerChunk * kTileDim <= w.cols;
 #pragma unroll
     for (int q = 0; q < kTilesPerChunk; ++q) {
-      const int j0 = q * K;  // the tile's first u16 word in the row's words
-      const uint32_t p = __shfl_sync(0xFFFFFFFFu, pack16(rh, j0 + K - 1, rg, j0 + K - 1), prefix_lane);
-      const uint32_t hi_g = __byte_perm(rg[j0 / 2], p, j0 % 2 ? sel_g1 : sel_g0);
-      const uint32_t hi_h = __byte_perm(rh[j0 / 2], p, j0 % 2 ? sel_h1 : sel_h0);
-      uint32_t lo_g, lo_h, tail_g = 0u, tail_h = 0u;
-      if constexpr (K == 2) {
-        lo_g = rg[q] & 0xFFFF0000u;
-        lo_h = rh[q] & 0xFFFF0000u;
-      } else {
-        lo_g = pack16(rg, j0 + 1, rg, j0 + 2);
-        lo_h = pack16(rh, j0 + 1, rh, j0 + 2);
-      }
-      if constexpr (K == 4) {  // word j0 + 3, the high half of u32 j0 / 2 + 1
-        tail_g = rg[j0 / 2 + 1] & 0xFFFF0000u;
-        tail_h = rh[j0 / 2 + 1] & 0xFFFF0000u;
-      }
       float fg[4], fh[4];
-      decode4<K, kMad1, kL16>(hi_g, lo_g, tail_g, shift, wide, mask, fg);
-      decode4<K, kMad1, kL16>(hi_h, lo_h, tail_h, shift, wide, mask, fh);
+      decoder.decode(rg, rh, q, fg, fh);
       uint32_t b[NT][4];
       load_b<NT>(xs, x_limit, chunk_col + q * kTileDim, full, lo_lane, b);
 #pragma unroll

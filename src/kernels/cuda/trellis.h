@@ -27,6 +27,9 @@ struct TrellisDevice {
 };
 
 void trellis_matmul(const TrellisDevice& w, const float* x, int m, float* y, CUstream_st* stream);
+// The same for any m >= 1 (prefill): up to kMaxBatch rows run the decode kernel, more the tensor-core GEMM of
+// trellis_gemm.cu (each weight decoded once per 64 rows).
+void trellis_gemm(const TrellisDevice& w, const float* x, int64_t m, float* y, CUstream_st* stream);
 
 // A randomized Hadamard transform R = H D / sqrt(n) of size n = chunks * small, H = H_chunks (Sylvester) (x) H_small
 // (codec/hadamard.h), on the device: signs f32 [n], small_matrix int8 [small, small] row-major.
@@ -39,7 +42,7 @@ struct RotationDevice {
 // Largest n one block rotates in shared memory.
 inline constexpr int64_t kMaxRotation = 49152;
 
-// out [m, n] = R in (inverse = false: in [m, in_len] zero-padded to n) or R^T in (inverse = true: in [m, n],
+// out [m, n] = R in for any m >= 1 (inverse = false: in [m, in_len] zero-padded to n) or R^T in (inverse = true: in [m, n],
 // only the first out_len outputs of each row written, out [m, out_len]).
 void rotate(const RotationDevice& r, bool inverse, const float* in, int64_t in_len, int m, float* out, int64_t out_len,
             CUstream_st* stream);
@@ -49,5 +52,6 @@ void launch_rotate_kernel(const RotationDevice& r, bool inverse, const float* in
 // CUDA-core one (launch_trellis_fma_kernel, one activation row).
 void launch_trellis_kernel(const TrellisDevice& w, const float* x, int m, int batch, float* y, CUstream_st* stream);
 void launch_trellis_fma_kernel(const TrellisDevice& w, const float* x, float* y, CUstream_st* stream);
+void launch_trellis_gemm_kernel(const TrellisDevice& w, const float* x, int64_t m, float* y, CUstream_st* stream);
 
 }  // namespace lowbit::kernels::cuda
