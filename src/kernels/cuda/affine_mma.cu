@@ -17,10 +17,10 @@
 // The offset 2 keeps the cancellation of the Sx terms small (an offset of 128 cost 2-bit rows about 2e-5 relative
 // error from f32 accumulation alone).
 // Batch 1..4 fits one n-tile (columns 0-3 hi, 4-7 lo); 8 and 16 take 2 and 4 (hi tiles, then lo tiles).
-#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include "kernels/cuda/cluster.cuh"
 #include "kernels/cuda/matvec.h"
 #include "kernels/cuda/mma.cuh"
 
@@ -81,22 +81,6 @@ __device__ __forceinline__ float2 meta_get(const MmaArgs& a, const uint32_t* ms,
   }
   const float sk = kCodeScale<B> * s;
   return {sk, fmaf(-2.0f, sk, b)};
-}
-
-__device__ __forceinline__ void cluster_sync() {
-#if __CUDA_ARCH__ >= 900
-  cooperative_groups::this_cluster().sync();
-#else
-  __syncthreads();
-#endif
-}
-
-__device__ __forceinline__ const float* cluster_partial(float* p, int rank) {
-#if __CUDA_ARCH__ >= 900
-  return cooperative_groups::this_cluster().map_shared_rank(p, rank);
-#else
-  return p;
-#endif
 }
 
 template <int B, int W>

@@ -10,11 +10,11 @@
 // of up to 8 blocks that add their partial tiles through distributed shared memory (deterministic order).
 #pragma once
 
-#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 
+#include "kernels/cuda/cluster.cuh"
 #include "kernels/cuda/mma.cuh"
 
 namespace lowbit::kernels::cuda {
@@ -43,22 +43,6 @@ constexpr int kSxFloats = 2 * kTileTokens;  // per buffer: [segment][token]
 constexpr int kSxBytes = 2 * kSxFloats * 4;
 constexpr int kPartialStride = kTileRows + 4;  // [token][row] padded: the stores spread over the banks
 constexpr int kPartialBytes = kTileTokens * kPartialStride * 4;
-
-__device__ __forceinline__ void cluster_sync() {
-#if __CUDA_ARCH__ >= 900
-  cooperative_groups::this_cluster().sync();
-#else
-  __syncthreads();
-#endif
-}
-
-__device__ __forceinline__ const float* cluster_partial(float* p, int rank) {
-#if __CUDA_ARCH__ >= 900
-  return cooperative_groups::this_cluster().map_shared_rank(p, rank);
-#else
-  return p;
-#endif
-}
 
 // The block's tokens tok0 .. tok0 + tokens - 1, columns k0 .. k0 + 63 of x [m, cols] into xd [token][kXStride];
 // zeros past the tokens and past cols. Vector copies need 16-byte aligned rows (x_vector).

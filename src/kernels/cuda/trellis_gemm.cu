@@ -11,11 +11,11 @@
 //
 // Too few blocks to fill the GPU (few row blocks, few tokens): K is split over a cluster of up to 8 blocks,
 // which add their partial sums through distributed shared memory in rank order (deterministic).
-#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 
+#include "kernels/cuda/cluster.cuh"
 #include "kernels/cuda/trellis.h"
 #include "kernels/cuda/trellis_tile.cuh"
 
@@ -43,22 +43,6 @@ struct Smem {
   static constexpr int kWords = std::max(kStages * kStageWords, kTokens * kPartialStride);
   static constexpr size_t kBytes = kWords * sizeof(uint32_t);
 };
-
-__device__ __forceinline__ void cluster_sync() {
-#if __CUDA_ARCH__ >= 900
-  cooperative_groups::this_cluster().sync();
-#else
-  __syncthreads();
-#endif
-}
-
-__device__ __forceinline__ const float* cluster_partial(float* p, int rank) {
-#if __CUDA_ARCH__ >= 900
-  return cooperative_groups::this_cluster().map_shared_rank(p, rank);
-#else
-  return p;
-#endif
-}
 
 // Copies chunk `chunk`'s code words of the block's tile rows and its tokens' activations into a stage (missing
 // tile rows, tokens and columns zero-filled).
