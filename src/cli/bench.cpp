@@ -126,6 +126,8 @@ void run(const Args& a) {
     for (const Row& r : rows)
       out["rows"].push_back({{"model", r.model}, {"codec", r.codec}, {"batch", r.speed.batch},
                              {"prefill_tokens_per_s", r.speed.prefill_tokens_per_s},
+                             {"prefill_gemm_ms", r.speed.prefill_gemm_ms},
+                             {"prefill_attention_ms", r.speed.prefill_attention_ms},
                              {"decode_tokens_per_s", r.speed.decode_tokens_per_s},
                              {"ms_per_step", r.speed.ms_per_step}, {"matmul_ms_per_step", r.speed.matmul_ms_per_step},
                              {"norm_ms", r.speed.norm_ms}, {"rope_ms", r.speed.rope_ms},

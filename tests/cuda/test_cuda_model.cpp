@@ -1,6 +1,7 @@
-// The GPU model runtime against the CPU forward pass: logits of small random models (dense f32 and affine 4-bit,
-// every architecture flag, prefill chunks and decode steps, batched sequences), graph replay against eager
-// launches, stories260K's greedy tokens and its preset-quantized artifacts. Skips when no CUDA device is present.
+// The GPU model runtime against the CPU forward pass: logits of small random models (dense f32, affine 4-bit and
+// trellis, every architecture flag, prefill passes and decode steps, batched sequences), graph replay against
+// eager launches, stories260K's greedy tokens and its preset-quantized artifacts. Skips when no CUDA device is
+// present.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -72,7 +73,7 @@ ModelConfig variant_config(int variant) {
   return c;
 }
 
-// 20 tokens: a prefill of 18 (two GPU chunks, 16 + 2) and two decode steps.
+// 20 tokens: a prefill of 18 (one pass) and two decode steps.
 TEST_F(CudaModelTest, DenseLogitsMatchCpuForEveryArchitectureFlag) {
   for (int variant = 0; variant < 4; ++variant) {
     const ModelConfig c = variant_config(variant);
@@ -205,9 +206,10 @@ TEST_F(CudaModelTest, SplitAttentionOverLongContextMatchesCpu) {
 }
 
 // Head sizes of real models (64, 128, 256; the tests above use 4 to 16, one dim per lane), half and interleaved
-// RoPE, q/k norm: 140 tokens as a prefill of 130 (same-slot chunks through the separate prepare kernel) and 10
-// decode steps (prepare inside the attention kernel), so the attention runs several rounds per warp and, past
-// 128 positions in a capacity of 256, two splits with their merge.
+// RoPE, q/k norm: 140 tokens as a prefill of 130 (one pass: the prefill attention's five tiles of 32 rows over up
+// to five tiles of 32 keys, head_dim 256 in more than 48 KiB of shared memory) and 10 decode steps (prepare inside
+// the decode attention kernel), so the decode attention runs several rounds per warp and, past 128 positions in a
+// capacity of 256, two splits with their merge.
 TEST_F(CudaModelTest, RealHeadSizesMatchCpu) {
   for (const int head_dim : {64, 128, 256}) {
     ModelConfig c = wider_config();
@@ -227,19 +229,66 @@ TEST_F(CudaModelTest, RealHeadSizesMatchCpu) {
   }
 }
 
+// CudaModel::prefill in passes of 40 positions (a 90-token prompt: 40 + 40 + 10, so a pass has a partial tile of
+// the attention's 32 rows and later passes attend over earlier passes' keys; every linear through
+// CudaLinear::gemm) against the CPU forward, for dense f32, affine 4-bit and trellis 2-bit weights: every row's
+// logits in slot 0, then decode steps after the prefill; in slot 1 the same prompt as two calls (positions 0..49
+// without logits, then 50..89 from position 50) and only the last row's logits. Host outputs start as NaN, so a
+// row left unwritten fails the bound.
+TEST_F(CudaModelTest, PrefillPassesMatchCpu) {
+  ModelConfig c = wider_config();
+  c.max_seq = 128;
+  const codec::Params affine4 = {{"bits", 4}, {"group_size", 32}, {"scale_dtype", "bf16"}};
+  const codec::Params trellis2 = {{"L", 12}, {"k", 2}, {"code", "1mad"}, {"rotate", "none"}};
+  struct Case {
+    std::string name;
+    std::unique_ptr<Model> model;
+    double bound;
+  };
+  std::vector<Case> cases;
+  cases.push_back({"dense", testing::tiny_model(c, 19), 1e-4});
+  cases.push_back({"affine4", encoded_model(c, "affine", affine4, 20), 1e-4});
+  cases.push_back({"trellis2", encoded_model(c, "trellis", trellis2, 21), 1e-3});
+  constexpr int64_t kPrompt = 90, kSteps = 4, kSplit = 50;
+  const int64_t vocab = c.vocab;
+  const auto tokens = random_tokens(kPrompt + kSteps, vocab, 41);
+  const std::span<const int32_t> prompt = std::span(tokens).first(kPrompt);
+  for (const Case& t : cases) {
+    const std::vector<float> want = run_logits(*t.model, tokens, kPrompt, pool);
+    CudaModel gpu(c, lookup_of(*t.model), {.max_batch = 1, .prefill_rows = 40, .slots = 2, .capacity = 100});
+    std::vector<float> got(want.size(), std::nanf(""));
+    gpu.prefill(prompt, 0, 0, CudaModel::Logits::all, got.data());
+    for (int64_t i = kPrompt; i < kPrompt + kSteps; ++i) {
+      const std::vector<float> row = step_logits(gpu, std::span(&tokens[i], 1), std::vector{static_cast<int32_t>(i)},
+                                                 std::vector<int32_t>{0});
+      std::copy(row.begin(), row.end(), got.begin() + i * vocab);
+    }
+    EXPECT_LT(relative_error(got, want), t.bound) << t.name;
+    std::vector<float> last(static_cast<size_t>(vocab), std::nanf(""));
+    gpu.prefill(prompt.first(kSplit), 0, 1, CudaModel::Logits::none, nullptr);
+    gpu.prefill(prompt.subspan(kSplit), kSplit, 1, CudaModel::Logits::last, last.data());
+    const std::vector<float> want_last(want.begin() + (kPrompt - 1) * vocab, want.begin() + kPrompt * vocab);
+    EXPECT_LT(relative_error(last, want_last), t.bound) << t.name << ", last row";
+  }
+}
+
+// f16 and bf16 KV caches through decode steps and through a prefill (the prefill attention reads the stored type).
 TEST_F(CudaModelTest, HalfPrecisionKvCacheStaysClose) {
   const ModelConfig c = wider_config();
   const auto cpu = testing::tiny_model(c, 9);
   const auto tokens = random_tokens(8, c.vocab, 3);
   const std::vector<float> want = run_logits(*cpu, tokens, 1, pool);
   for (const KvType kv : {KvType::f16, KvType::bf16}) {
-    CudaModel gpu(c, lookup_of(*cpu), {.max_batch = 1, .capacity = 8, .kv_type = kv});
+    CudaModel gpu(c, lookup_of(*cpu), {.max_batch = 1, .slots = 2, .capacity = 8, .kv_type = kv});
     std::vector<float> got;
     for (int32_t i = 0; i < 8; ++i) {
       const std::vector<float> row = step_logits(gpu, std::span(&tokens[i], 1), std::vector<int32_t>{i}, std::vector<int32_t>{0});
       got.insert(got.end(), row.begin(), row.end());
     }
     EXPECT_LT(relative_error(got, want), 2e-2);
+    std::vector<float> prefilled(want.size(), std::nanf(""));  // the same tokens as one prefill into slot 1
+    gpu.prefill(tokens, 0, 1, CudaModel::Logits::all, prefilled.data());
+    EXPECT_LT(relative_error(prefilled, want), 2e-2);
   }
 }
 

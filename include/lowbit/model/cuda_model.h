@@ -1,8 +1,10 @@
 // The GPU model runtime (docs/CUDA.md, "Runtime"): every linear of the model prepared once for the GPU, the
 // decode step (embedding, RMSNorm, projections, RoPE, attention over a device KV cache, SwiGLU, LM head)
 // captured in a CUDA graph per batch size and replayed per token. Token ids, positions and KV-cache slots live
-// in device memory, so the same graph serves every step. Prefill runs as chunks of up to kernels::cuda::kMaxBatch
-// consecutive positions of one sequence through the same step.
+// in device memory, so the same graph serves every step. Prefill (CudaModel::prefill) runs a prompt in passes of
+// up to CudaModelOptions::prefill_rows positions of one sequence: every linear through CudaLinear::gemm on the
+// whole pass, the per-row kernels over its rows, a prefill attention kernel, the LM head only where logits are
+// wanted. Prefill launches eagerly (no graph).
 //
 // This header needs no CUDA headers. use_device(), cuda_built(), measure_cuda(), cuda_device_summary() and
 // synthetic_model() are always built (the CUDA ones fail with Errc::usage without CUDA); CudaModel only with
@@ -32,7 +34,7 @@ bool cuda_built();
 
 enum class KvType { f32, f16, bf16 };
 
-// The non-matmul parts of a decode step, as bits (CudaModel::set_skipped_parts).
+// The non-matmul parts of a decode step or prefill pass, as bits (CudaModel::set_skipped_parts).
 enum StepPart : unsigned {
   kPartNorm = 1,       // embedding gather and the RMSNorms (with the residual adds)
   kPartRope = 2,       // bias, q/k norm, RoPE and KV-cache append
@@ -42,7 +44,11 @@ enum StepPart : unsigned {
 };
 
 struct CudaModelOptions {
-  int max_batch = 1;      // activation rows per step, 1..kernels::cuda::kMaxBatch
+  int max_batch = 1;      // activation rows per decode step, 1..kernels::cuda::kMaxBatch
+  // Positions per prefill pass (>= 1; capped at config.max_seq). The activation buffers hold
+  // max(max_batch, prefill_rows) rows, the logits buffer as many rows of the vocabulary (512 rows of a 128256
+  // vocabulary: 263 MB), so this bounds prefill's memory.
+  int64_t prefill_rows = 512;
   int slots = 0;          // KV-cache slots (independent sequences); 0: max_batch
   int64_t capacity = 0;   // positions per KV slot (<= config.max_seq); 0: min(max_seq, 256)
   KvType kv_type = KvType::f32;
@@ -75,20 +81,29 @@ class CudaModel {
   // key and value there and attends over positions 0..pos[b] of that slot. Asynchronous; logits stay on the
   // device until download_logits().
   void step(std::span<const int32_t> tokens, std::span<const int32_t> pos, std::span<const int32_t> slot);
+  // Which logits prefill() copies back.
+  enum class Logits { none, last, all };
+  // Runs `tokens` at positions pos, pos + 1, .. of KV slot `slot` (appending their keys and values) in passes of
+  // up to options().prefill_rows positions. `logits` (host memory) receives the last token's logits [vocab]
+  // (Logits::last) or every token's [tokens.size(), vocab] (Logits::all, the LM head run on every pass; one copy
+  // back per pass); waits then. Afterwards step() or set_rows() give the next inputs (decode_greedy needs them).
+  void prefill(std::span<const int32_t> tokens, int64_t pos, int32_t slot, Logits which, float* logits);
   // Greedy decoding on the device: `steps` steps of rows 0..batch-1, each feeding its argmax back as the next
   // token at the next position (no host round trip). Inputs as last given to step() or set_rows().
   void decode_greedy(int batch, int64_t steps);
   // Uploads the inputs without running a step (for decode_greedy).
   void set_rows(std::span<const int32_t> tokens, std::span<const int32_t> pos, std::span<const int32_t> slot);
-  // Copies logits rows [row_begin, row_end) of the last step to `out` [(row_end - row_begin), vocab]; waits.
+  // Copies logits rows [row_begin, row_end) of the last step (or prefill pass) to `out` [(row_end - row_begin),
+  // vocab]; waits.
   void download_logits(int row_begin, int row_end, float* out) const;
   // The argmax token of rows 0..batch-1 of the last step's logits; waits.
   void argmax(int batch, std::span<int32_t> out) const;
   // The tokens the device holds for rows 0..batch-1 (after decode_greedy: the last step's argmax); waits.
   void download_tokens(int batch, std::span<int32_t> out) const;
   void synchronize() const;
-  // Timing only: later steps leave out the parts in `parts` (StepPart bits), so that a benchmark can split a
-  // step's time between the matvec kernels and the rest; logits are meaningless meanwhile. 0 restores the step.
+  // Timing only: later steps and prefill passes leave out the parts in `parts` (StepPart bits), so that a
+  // benchmark can split their time between the matmuls and the rest; logits are meaningless meanwhile. 0 restores
+  // the step.
   void set_skipped_parts(unsigned parts);
 
  private:
@@ -96,10 +111,11 @@ class CudaModel {
   std::unique_ptr<Impl> impl_;
 };
 
-// Decode and prefill speed on the GPU (lowbit bench): prefill of `prompt` random tokens in chunks of
-// kernels::cuda::kMaxBatch positions on slot 0; then, per batch size B, B independent sequences decoded
-// greedily on the device for `steps` steps from position 0 (after a warm-up that captures the graph). Times
-// are host clock around synchronized work, so they include the per-step graph launch.
+// Decode and prefill speed on the GPU (lowbit bench): prefill of `prompt` random tokens on slot 0 through
+// CudaModel::prefill (passes of prefill_rows positions, the last token's logits copied back); then, per batch
+// size B, B independent sequences decoded greedily on the device for `steps` steps from position 0 (after a
+// warm-up that captures the graph). The prefill and each batch's step are also timed with parts left out
+// (set_skipped_parts). Times are host clock around synchronized work, so they include the per-step graph launch.
 struct SpeedOptions {
   std::vector<int> batches{1};
   int64_t prompt = 128;
@@ -111,6 +127,9 @@ struct SpeedOptions {
 struct Speed {
   int batch = 1;
   double prefill_tokens_per_s = 0;  // measured once, reported with every batch
+  // The prefill with only its linears (GEMMs and LM head) launched, and what its attention adds (the prefill's
+  // time minus its time without the attention), ms.
+  double prefill_gemm_ms = 0, prefill_attention_ms = 0;
   double decode_tokens_per_s = 0;   // all B sequences together
   double ms_per_step = 0;
   // The same steps launching only the matmuls, and how much each part adds (the step's time minus its time

@@ -324,6 +324,122 @@ __global__ void __launch_bounds__(kAttnWarps * kWarp) decode_attention_kernel(Qk
   if (threadIdx.x == 0) scratch.counters[pair] = 0u;
 }
 
+constexpr int kPrefillWarps = 8;
+constexpr int kPrefillRowsPerWarp = kPrefillAttentionRows / kPrefillWarps;
+constexpr int kKeyTile = kWarp;  // positions staged per round: lane t scores position t
+
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = kWarp / 2; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Dynamic shared memory of the prefill attention: q rows [kPrefillAttentionRows][hd], keys [kKeyTile][hd + 2]
+// (padded, so that lanes reading a float2 of one key row each hit distinct banks), values [kKeyTile][hd].
+size_t prefill_attention_smem(int hd) {
+  return sizeof(float) * (static_cast<size_t>(kPrefillAttentionRows) * hd + static_cast<size_t>(kKeyTile) * (hd + 2) +
+                          static_cast<size_t>(kKeyTile) * hd);
+}
+
+// Grid (head, row tile), the tiles with the longest contexts first. The block stages its rows' q, then walks the
+// cache positions 0..(its last row's position) in tiles of kKeyTile keys and values, converted to f32 in shared
+// memory. Warp w owns rows w * kPrefillRowsPerWarp..: lane t computes position t's scores for all of them (each
+// key element read once for every row, float2 loads: head_dim is even), then per row one online-softmax update
+// (running max m, sum l) and the weighted values, lane owning dims lane + 32 i, each staged value read once for
+// every row. At least 3 blocks per multiprocessor (80 registers, no spills; 102 uncapped would allow 2).
+__global__ void __launch_bounds__(kPrefillWarps * kWarp, 3)
+    prefill_attention_kernel(QkvArgs a, KvLayer kv, int32_t slot, int64_t first_pos, int batch, float* out) {
+  extern __shared__ float smem[];
+  const int hd = a.head_dim, key_stride = hd + 2;
+  float* s_q = smem;
+  float* s_k = s_q + kPrefillAttentionRows * hd;
+  float* s_v = s_k + kKeyTile * key_stride;
+  const int h = blockIdx.x;
+  const int row0 = (gridDim.y - 1 - blockIdx.y) * kPrefillAttentionRows;
+  const int rows = batch - row0 < kPrefillAttentionRows ? batch - row0 : kPrefillAttentionRows;
+  const int kvh = h / (a.n_heads / a.n_kv_heads);
+  const int64_t kv_dim = static_cast<int64_t>(a.n_kv_heads) * hd;
+  const int64_t base = static_cast<int64_t>(slot) * kv.capacity * kv_dim + kvh * hd;
+  const int64_t end = first_pos + row0 + rows;  // the positions the block's last row attends to
+  const float scale = sqrtf(static_cast<float>(hd));
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  for (int r = warp; r < kPrefillAttentionRows; r += kPrefillWarps)
+    for (int d = lane; d < hd; d += kWarp)
+      s_q[r * hd + d] = r < rows ? a.q[static_cast<int64_t>(row0 + r) * a.q_stride + h * hd + d] : 0.0f;
+  const int my_row0 = warp * kPrefillRowsPerWarp;
+  int64_t last[kPrefillRowsPerWarp];  // the last position row r attends to; -1 for rows past the batch
+  float m[kPrefillRowsPerWarp], l[kPrefillRowsPerWarp], acc[kPrefillRowsPerWarp][kMaxDimsPerLane];
+#pragma unroll
+  for (int r = 0; r < kPrefillRowsPerWarp; ++r) {
+    last[r] = my_row0 + r < rows ? first_pos + row0 + my_row0 + r : -1;
+    m[r] = -INFINITY;
+    l[r] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kMaxDimsPerLane; ++i) acc[r][i] = 0.0f;
+  }
+  for (int64_t t0 = 0; t0 < end; t0 += kKeyTile) {
+    __syncthreads();  // q staged (first round); the previous tile's keys and values read
+    for (int t = warp; t < kKeyTile; t += kPrefillWarps) {
+      const bool in = t0 + t < end;
+      const int64_t at = base + (t0 + t) * kv_dim;
+      for (int d = lane; d < hd; d += kWarp) {
+        s_k[t * key_stride + d] = in ? load_elem(kv.keys, kv.type, at + d) : 0.0f;
+        s_v[t * hd + d] = in ? load_elem(kv.values, kv.type, at + d) : 0.0f;
+      }
+    }
+    __syncthreads();
+    float p[kPrefillRowsPerWarp];
+#pragma unroll
+    for (int r = 0; r < kPrefillRowsPerWarp; ++r) p[r] = 0.0f;
+    const float2* key = reinterpret_cast<const float2*>(s_k + lane * key_stride);
+    const float2* q = reinterpret_cast<const float2*>(s_q + my_row0 * hd);
+#pragma unroll 4
+    for (int d2 = 0; d2 < hd / 2; ++d2) {
+      const float2 k = key[d2];
+#pragma unroll
+      for (int r = 0; r < kPrefillRowsPerWarp; ++r) {
+        const float2 qr = q[r * hd / 2 + d2];
+        p[r] = fmaf(qr.y, k.y, fmaf(qr.x, k.x, p[r]));
+      }
+    }
+    const int64_t t = t0 + lane;
+#pragma unroll
+    for (int r = 0; r < kPrefillRowsPerWarp; ++r) {
+      const float score = t <= last[r] ? p[r] / scale : -INFINITY;
+      const float m_new = fmaxf(m[r], warp_max(score));
+      p[r] = score == -INFINITY ? 0.0f : expf(score - m_new);
+      const float corr = m[r] == -INFINITY ? 0.0f : expf(m[r] - m_new);
+      l[r] = l[r] * corr + warp_sum(p[r]);
+#pragma unroll
+      for (int i = 0; i < kMaxDimsPerLane; ++i) acc[r][i] *= corr;
+      m[r] = m_new;
+    }
+    const int tile = end - t0 < kKeyTile ? static_cast<int>(end - t0) : kKeyTile;
+    for (int u = 0; u < tile; ++u) {
+      float weight[kPrefillRowsPerWarp];
+#pragma unroll
+      for (int r = 0; r < kPrefillRowsPerWarp; ++r) weight[r] = __shfl_sync(0xffffffffu, p[r], u);
+#pragma unroll
+      for (int i = 0; i < kMaxDimsPerLane; ++i) {
+        const int d = lane + kWarp * i;
+        if (d >= hd) break;
+        const float v = s_v[u * hd + d];
+#pragma unroll
+        for (int r = 0; r < kPrefillRowsPerWarp; ++r) acc[r][i] += weight[r] * v;
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kPrefillRowsPerWarp; ++r) {
+    if (last[r] < 0) continue;
+    float* o_row = out + (static_cast<int64_t>(row0) + my_row0 + r) * a.n_heads * hd + h * hd;
+#pragma unroll
+    for (int i = 0; i < kMaxDimsPerLane; ++i) {
+      const int d = lane + kWarp * i;
+      if (d < hd) o_row[d] = acc[r][i] / l[r];
+    }
+  }
+}
+
 __global__ void swiglu_kernel(const float* gate, const float* up, int64_t stride, float* out, int64_t hidden,
                               int64_t total) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
@@ -466,6 +582,19 @@ void launch_decode_attention(const QkvArgs& a, const KvLayer& kv, const int32_t*
   const dim3 grid(static_cast<unsigned>(a.n_heads), static_cast<unsigned>(batch), static_cast<unsigned>(splits));
   const auto kernel = prepare ? decode_attention_kernel<true> : decode_attention_kernel<false>;
   kernel<<<grid, kAttnWarps * kWarp, 0, stream>>>(a, kv, pos, slot, splits, scratch, out);
+}
+
+void launch_prefill_attention(const QkvArgs& a, const KvLayer& kv, int32_t slot, int64_t first_pos, int batch,
+                              float* out, CUstream_st* stream) {
+  // Above 48 KiB (head_dim > 124) a kernel must opt in to more dynamic shared memory (a host-side call; a
+  // failure shows in the caller's check_last_error, as the launch's would).
+  const size_t smem = prefill_attention_smem(a.head_dim);
+  if (smem > 48 * 1024)
+    cudaFuncSetAttribute(prefill_attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  const dim3 grid(static_cast<unsigned>(a.n_heads),
+                  static_cast<unsigned>((batch + kPrefillAttentionRows - 1) / kPrefillAttentionRows));
+  prefill_attention_kernel<<<grid, kPrefillWarps * kWarp, smem, stream>>>(
+      a, kv, slot, first_pos, batch, out);
 }
 
 void launch_swiglu(const float* gate, const float* up, int64_t stride, float* out, int batch, int64_t hidden,

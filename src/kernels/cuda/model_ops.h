@@ -1,12 +1,13 @@
-// Launchers of the elementwise and attention kernels of the GPU decode step (model_ops.cu): embedding gather,
-// RMSNorm, qkv bias + per-head norm + RoPE + KV-cache append, decode attention, SwiGLU, greedy argmax. Plain C++
+// Launchers of the elementwise and attention kernels of the GPU decode step and prefill pass (model_ops.cu):
+// embedding gather, RMSNorm, qkv bias + per-head norm + RoPE + KV-cache append, decode and prefill attention,
+// SwiGLU, greedy argmax. Plain C++
 // with no lowbit includes, so that nvcc's front end only sees this header. Launches are unchecked and
 // asynchronous on `stream` (capturable in a CUDA graph); callers check with check_last_error().
 //
 // A step runs `batch` activation rows. Row b reads its token, its position and its KV-cache slot from device
 // memory (tokens[b], pos[b], slot[b]), so one captured graph serves every step: batched decode puts
-// independent sequences in distinct slots, chunked prefill puts consecutive positions of one sequence in the
-// same slot (each row then attends to the rows before it, whose keys the same launch appended first).
+// independent sequences in distinct slots, a prefill pass puts consecutive positions of one sequence in the
+// same slot (each row then attends to the rows before it, whose keys launch_qkv_prepare appended first).
 #pragma once
 
 #include <cstdint>
@@ -79,6 +80,15 @@ int attention_splits(int64_t capacity);
 // a distinct slot: a row then never reads a position that another row of the launch appends.
 void launch_decode_attention(const QkvArgs& a, const KvLayer& kv, const int32_t* pos, const int32_t* slot, int batch,
                              bool prepare, const AttentionScratch& scratch, float* out, CUstream_st* stream);
+
+// Prefill attention: out [batch, n_heads * head_dim] for `batch` rows at the consecutive positions first_pos ..
+// first_pos + batch - 1 of KV slot `slot`, row b attending causally over cache positions 0..first_pos + b. q is as
+// launch_qkv_prepare left it and the cache already holds every row's key and value. Unlike the decode attention,
+// a block serves kPrefillAttentionRows rows of one head, so each key and value read from the cache serves them
+// all. head_dim <= 256.
+inline constexpr int kPrefillAttentionRows = 32;
+void launch_prefill_attention(const QkvArgs& a, const KvLayer& kv, int32_t slot, int64_t first_pos, int batch,
+                              float* out, CUstream_st* stream);
 
 // out [batch, hidden] = silu(gate) * up, gate and up rows strided by `stride`.
 void launch_swiglu(const float* gate, const float* up, int64_t stride, float* out, int batch, int64_t hidden,

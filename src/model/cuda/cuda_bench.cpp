@@ -16,20 +16,11 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-// Seconds for `prompt` tokens through chunked prefill on slot 0.
+// Seconds for `prompt` tokens through CudaModel::prefill on slot 0, the last token's logits copied back.
 double prefill_seconds(CudaModel& gpu, const std::vector<int32_t>& prompt) {
-  constexpr int64_t kRows = kernels::cuda::kMaxBatch;
-  const auto n_prompt = static_cast<int64_t>(prompt.size());
+  std::vector<float> logits(static_cast<size_t>(gpu.config().vocab));
   const auto t0 = Clock::now();
-  std::vector<int32_t> pos, slot;
-  for (int64_t off = 0; off < n_prompt; off += kRows) {
-    const int n = static_cast<int>(std::min(kRows, n_prompt - off));
-    pos.resize(n);
-    std::iota(pos.begin(), pos.end(), static_cast<int32_t>(off));
-    slot.assign(n, 0);
-    gpu.step(std::span(prompt).subspan(off, n), pos, slot);
-  }
-  gpu.synchronize();
+  gpu.prefill(prompt, 0, 0, CudaModel::Logits::last, logits.data());
   return seconds_since(t0);
 }
 
@@ -51,7 +42,7 @@ std::string cuda_device_summary() { return kernels::cuda::device_summary(); }
 std::vector<Speed> measure_cuda(const ModelConfig& config, const TensorLookup& lookup, const SpeedOptions& o) {
   if (o.batches.empty() || o.prompt < 1 || o.steps < 1) fail(Errc::usage, "[bench] empty batch list or no steps");
   const int max_batch = *std::max_element(o.batches.begin(), o.batches.end());
-  CudaModelOptions options{.max_batch = kernels::cuda::kMaxBatch,  // prefill chunks of 16 positions
+  CudaModelOptions options{.max_batch = max_batch,
                            .slots = max_batch,
                            .capacity = std::max(o.prompt, o.steps + 4),
                            .kv_type = o.kv_type,
@@ -64,8 +55,17 @@ std::vector<Speed> measure_cuda(const ModelConfig& config, const TensorLookup& l
   std::vector<int32_t> prompt(static_cast<size_t>(o.prompt)), first(static_cast<size_t>(max_batch));
   for (auto& t : prompt) t = token(rng);
   for (auto& t : first) t = token(rng);
-  prefill_seconds(gpu, prompt);  // warm-up: loads modules, captures the graphs
+  prefill_seconds(gpu, prompt);  // warm-up: loads the modules
   const double prefill = prefill_seconds(gpu, prompt);
+  // The prefill's seconds with the parts in `skipped` left out.
+  const auto prefill_without = [&](unsigned skipped) {
+    gpu.set_skipped_parts(skipped);
+    const double seconds = prefill_seconds(gpu, prompt);
+    gpu.set_skipped_parts(0);
+    return seconds;
+  };
+  const double prefill_gemm = prefill_without(kPartsAll);
+  const double prefill_attention = prefill - prefill_without(kPartAttention);
   std::vector<Speed> out;
   for (const int batch : o.batches) {
     // ms per step with the parts in `skipped` left out (after a warm-up that captures the graph).
@@ -85,6 +85,8 @@ std::vector<Speed> measure_cuda(const ModelConfig& config, const TensorLookup& l
     s.swiglu_ms = s.ms_per_step - ms_without(kPartSwiglu);
     s.batch = batch;
     s.prefill_tokens_per_s = static_cast<double>(o.prompt) / prefill;
+    s.prefill_gemm_ms = 1e3 * prefill_gemm;
+    s.prefill_attention_ms = 1e3 * prefill_attention;
     s.decode_tokens_per_s = 1e3 * batch / s.ms_per_step;
     s.weight_bytes = gpu.weight_bytes();
     s.load_seconds = load;

@@ -1,17 +1,14 @@
-// forward() on the GPU for a loaded Model (use_device("cuda")): prefill in chunks of up to kMaxBatch positions
-// of one sequence, decode one row per step, logits copied back for the CPU sampler and the evaluators.
+// forward() on the GPU for a loaded Model (use_device("cuda")): one token through the decode step (its graph
+// replayed), several through CudaModel::prefill; logits copied back for the CPU sampler and the evaluators.
 #include <algorithm>
 #include <vector>
 
 #include "lowbit/core/error.h"
-#include "lowbit/kernels/cuda.h"
 #include "lowbit/model/cuda_model.h"
 
 namespace lowbit::model {
 
 namespace {
-
-constexpr int kRows = kernels::cuda::kMaxBatch;
 
 class CudaForward final : public DeviceForward {
  public:
@@ -21,7 +18,7 @@ class CudaForward final : public DeviceForward {
                const NamedTensor* t = model.find(name);
                return t ? &t->ref : nullptr;
              },
-             {.max_batch = kRows, .slots = 1, .capacity = std::min<int64_t>(model.config.max_seq, 256)}) {}
+             {.max_batch = 1, .slots = 1, .capacity = std::min<int64_t>(model.config.max_seq, 256)}) {}
 
   void forward(KvCache& cache, std::span<const int32_t> tokens, int64_t pos, float* logits,
                bool all_logits) override {
@@ -32,20 +29,13 @@ class CudaForward final : public DeviceForward {
       fail(Errc::unsupported, "[forward] cuda: a new sequence must start at position 0 (one sequence at a time)");
     cache_ = &cache;
     if (cache.capacity() > gpu_.options().capacity) gpu_.reserve(cache.capacity());
-    const int64_t vocab = gpu_.config().vocab;
-    std::vector<int32_t> positions, slots;
-    for (int64_t off = 0; off < m; off += kRows) {
-      const int n = static_cast<int>(std::min<int64_t>(kRows, m - off));
-      positions.resize(n);
-      slots.assign(n, 0);
-      for (int r = 0; r < n; ++r) positions[r] = static_cast<int32_t>(pos + off + r);
-      gpu_.step(tokens.subspan(off, n), positions, slots);
-      if (all_logits) {
-        gpu_.download_logits(0, n, logits + off * vocab);
-      } else if (off + n == m) {
-        gpu_.download_logits(n - 1, n, logits);
-      }
+    if (m > 1) {
+      gpu_.prefill(tokens, pos, 0, all_logits ? CudaModel::Logits::all : CudaModel::Logits::last, logits);
+      return;
     }
+    const std::vector<int32_t> position{static_cast<int32_t>(pos)}, slot{0};
+    gpu_.step(tokens, position, slot);
+    gpu_.download_logits(0, 1, logits);
   }
 
  private:

@@ -1,11 +1,12 @@
-// CudaModel: the decode step on the GPU (include/lowbit/model/cuda_model.h), step by step as forward.cpp's CPU
-// pass, with the residual add fused into the next RMSNorm. Built only with LOWBIT_CUDA=ON.
+// CudaModel: the decode step and the prefill pass on the GPU (include/lowbit/model/cuda_model.h), step by step as
+// forward.cpp's CPU pass, with the residual add fused into the next RMSNorm. Built only with LOWBIT_CUDA=ON.
 #include <cuda_runtime.h>
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <numeric>
 #include <optional>
 #include <vector>
 
@@ -200,11 +201,14 @@ struct CudaModel::Impl {
   Table embed;
   std::unique_ptr<kc::CudaLinear> lm_head;
   kc::DeviceBuffer final_norm, inv_freq;
-  // Activations for o.max_batch rows: x, xb [B, dim]; qkv [B, q_dim + 2 kv_dim]; att [B, q_dim]; proj [B, dim];
-  // gu [B, 2 hidden]; hb [B, hidden]; logits [B, vocab]; per-row tokens, positions, slots, argmax.
+  // Activations for R = max(max_batch, prefill_rows) rows: x, xb [R, dim]; qkv [R, q_dim + 2 kv_dim]; att
+  // [R, q_dim]; proj [R, dim]; gu [R, 2 hidden]; hb [R, hidden]; logits [R, vocab]; per-row tokens, positions,
+  // slots, argmax.
+  int64_t row_capacity = 0;
   kc::DeviceBuffer x, xb, qkv, att, proj, gu, hb, logits, tokens, pos, slot, next;
-  kc::DeviceBuffer attention_partials, attention_counters;  // the decode attention's split scratch
-  kc::DeviceBuffer argmax_values, argmax_indices, argmax_counters;  // the argmax's split scratch
+  // The decode attention's and the argmax's split scratch, for max_batch rows (decode steps only).
+  kc::DeviceBuffer attention_partials, attention_counters;
+  kc::DeviceBuffer argmax_values, argmax_indices, argmax_counters;
   cudaStream_t stream = nullptr;
   // One graph per batch size and per slot pattern (distinct or shared slots), captured at first use.
   std::array<std::array<cudaGraphExec_t, 2>, kc::kMaxBatch + 1> graphs{};
@@ -234,7 +238,7 @@ struct CudaModel::Impl {
 
   void allocate_activations() {
     const auto rows = [&](int64_t width) {
-      return kc::DeviceBuffer(checked_mul(static_cast<uint64_t>(o.max_batch) * sizeof(float),
+      return kc::DeviceBuffer(checked_mul(static_cast<uint64_t>(row_capacity) * sizeof(float),
                                           static_cast<uint64_t>(width), "[cuda_model] activations"));
     };
     x = rows(c.dim);
@@ -245,20 +249,19 @@ struct CudaModel::Impl {
     gu = rows(2 * c.hidden_dim);
     hb = rows(c.hidden_dim);
     logits = rows(c.vocab);
-    attention_partials = rows(c.n_heads * kc::kAttentionSplits * (c.head_dim + 2));
-    attention_counters = kc::DeviceBuffer(checked_mul(static_cast<uint64_t>(o.max_batch) * sizeof(uint32_t),
-                                                      static_cast<uint64_t>(c.n_heads), "[cuda_model] activations"));
-    attention_counters.fill(0);
     const auto per_row = [&](int64_t n, size_t elem) {
       return kc::DeviceBuffer(checked_mul(static_cast<uint64_t>(o.max_batch) * elem, static_cast<uint64_t>(n),
                                           "[cuda_model] activations"));
     };
+    attention_partials = per_row(c.n_heads * kc::kAttentionSplits * (c.head_dim + 2), sizeof(float));
+    attention_counters = per_row(c.n_heads, sizeof(uint32_t));
+    attention_counters.fill(0);
     argmax_values = per_row(kc::argmax_blocks(c.vocab), sizeof(float));
     argmax_indices = per_row(kc::argmax_blocks(c.vocab), sizeof(int32_t));
     argmax_counters = per_row(1, sizeof(uint32_t));
     argmax_counters.fill(0);
     for (auto* b : {&tokens, &pos, &slot, &next}) {
-      *b = kc::DeviceBuffer(kc::kMaxBatch * sizeof(int32_t));
+      *b = kc::DeviceBuffer(static_cast<size_t>(row_capacity) * sizeof(int32_t));
       b->fill(0);
     }
   }
@@ -290,7 +293,7 @@ struct CudaModel::Impl {
 
   kc::KvLayer kv(const Layer& w) const { return {w.keys.data(), w.values.data(), elem_type(o.kv_type), o.capacity}; }
 
-  // The q/k/v row layout: one fused row [q | k | v] per batch row, or three [B, width] blocks.
+  // The q/k/v row layout: one fused row [q | k | v] per row, or three [R, width] blocks.
   kc::QkvArgs qkv_args(const Layer& w) const {
     kc::QkvArgs a;
     const int64_t qd = c.q_dim(), kd = c.kv_dim();
@@ -302,8 +305,8 @@ struct CudaModel::Impl {
       a.q_stride = a.k_stride = a.v_stride = qd + 2 * kd;
     } else {
       a.q = base;
-      a.k = base + o.max_batch * qd;
-      a.v = a.k + o.max_batch * kd;
+      a.k = base + row_capacity * qd;
+      a.v = a.k + row_capacity * kd;
       a.q_stride = qd;
       a.k_stride = a.v_stride = kd;
     }
@@ -321,71 +324,99 @@ struct CudaModel::Impl {
     return a;
   }
 
-  void attention(const Layer& w, int batch) {
-    const kc::QkvArgs a = qkv_args(w);
-    if (w.qkv) {
-      w.qkv->matmul(f(xb), batch, f(qkv), stream);
+  // A prefill pass (enqueue's `pass`): its rows sit at positions first_pos.. of `slot`; the LM head runs on the
+  // rows `head` names (the last row's logits land in logits row 0).
+  struct Pass {
+    int64_t first_pos = 0;
+    int32_t slot = 0;
+    Logits head = Logits::none;
+  };
+
+  // y = x @ W^T for `rows` rows: the decode matvec, or the prefill GEMM in a pass.
+  void project(const kc::CudaLinear& w, const float* in, int64_t rows, float* out, const Pass* pass) const {
+    if (pass) {
+      w.gemm(in, rows, out, stream);
     } else {
-      float* k = f(qkv) + o.max_batch * c.q_dim();
-      w.wq->matmul(f(xb), batch, f(qkv), stream);
-      w.wk->matmul(f(xb), batch, k, stream);
-      w.wv->matmul(f(xb), batch, k + o.max_batch * c.kv_dim(), stream);
+      w.matmul(in, static_cast<int>(rows), out, stream);
     }
-    // Rows in distinct slots (decode) let the attention kernel prepare q, k and v itself.
-    if (on(kPartRope) && !distinct_slots) kc::launch_qkv_prepare(a, kv(w), i(pos), i(slot), batch, stream);
-    if (on(kPartAttention))
-      kc::launch_decode_attention(a, kv(w), i(pos), i(slot), batch, distinct_slots && on(kPartRope),
-                                  {f(attention_partials), attention_counters.as<uint32_t>()}, f(att), stream);
-    w.wo->matmul(f(att), batch, f(proj), stream);
   }
 
-  void mlp(const Layer& w, int batch) {
-    const int64_t h = c.hidden_dim;
-    if (w.gate_up) {
-      w.gate_up->matmul(f(xb), batch, f(gu), stream);
-      if (on(kPartSwiglu)) kc::launch_swiglu(f(gu), f(gu) + h, 2 * h, f(hb), batch, h, stream);
+  void attention(const Layer& w, int64_t rows, const Pass* pass) {
+    const kc::QkvArgs a = qkv_args(w);
+    if (w.qkv) {
+      project(*w.qkv, f(xb), rows, f(qkv), pass);
     } else {
-      float* up_out = f(gu) + o.max_batch * h;
-      w.gate->matmul(f(xb), batch, f(gu), stream);
-      w.up->matmul(f(xb), batch, up_out, stream);
-      if (on(kPartSwiglu)) kc::launch_swiglu(f(gu), up_out, h, f(hb), batch, h, stream);
+      float* k = f(qkv) + row_capacity * c.q_dim();
+      project(*w.wq, f(xb), rows, f(qkv), pass);
+      project(*w.wk, f(xb), rows, k, pass);
+      project(*w.wv, f(xb), rows, k + row_capacity * c.kv_dim(), pass);
     }
-    w.down->matmul(f(hb), batch, f(proj), stream);
+    const int n = static_cast<int>(rows);
+    if (pass) {
+      if (on(kPartRope)) kc::launch_qkv_prepare(a, kv(w), i(pos), i(slot), n, stream);
+      if (on(kPartAttention)) kc::launch_prefill_attention(a, kv(w), pass->slot, pass->first_pos, n, f(att), stream);
+    } else {
+      // Rows in distinct slots (decode) let the attention kernel prepare q, k and v itself.
+      if (on(kPartRope) && !distinct_slots) kc::launch_qkv_prepare(a, kv(w), i(pos), i(slot), n, stream);
+      if (on(kPartAttention))
+        kc::launch_decode_attention(a, kv(w), i(pos), i(slot), n, distinct_slots && on(kPartRope),
+                                    {f(attention_partials), attention_counters.as<uint32_t>()}, f(att), stream);
+    }
+    project(*w.wo, f(att), rows, f(proj), pass);
+  }
+
+  void mlp(const Layer& w, int64_t rows, const Pass* pass) {
+    const int64_t h = c.hidden_dim;
+    const int n = static_cast<int>(rows);
+    if (w.gate_up) {
+      project(*w.gate_up, f(xb), rows, f(gu), pass);
+      if (on(kPartSwiglu)) kc::launch_swiglu(f(gu), f(gu) + h, 2 * h, f(hb), n, h, stream);
+    } else {
+      float* up_out = f(gu) + row_capacity * h;
+      project(*w.gate, f(xb), rows, f(gu), pass);
+      project(*w.up, f(xb), rows, up_out, pass);
+      if (on(kPartSwiglu)) kc::launch_swiglu(f(gu), up_out, h, f(hb), n, h, stream);
+    }
+    project(*w.down, f(hb), rows, f(proj), pass);
   }
 
   // x = embed(tokens); per layer x += attention(norm(x)), x += mlp(norm(x)); logits = lm_head(norm(x)).
-  void enqueue_step(int batch) {
+  // A decode step (no `pass`) runs the LM head on every row.
+  void enqueue(int64_t rows, const Pass* pass) {
     const float eps = c.norm_eps;
+    const int n = static_cast<int>(rows);
     const auto norm = [&](const float* delta, const kc::DeviceBuffer& weight) {
-      if (on(kPartNorm)) kc::launch_rmsnorm(f(x), delta, f(weight), f(xb), batch, c.dim, eps, stream);
+      if (on(kPartNorm)) kc::launch_rmsnorm(f(x), delta, f(weight), f(xb), n, c.dim, eps, stream);
     };
     if (on(kPartNorm))
-      kc::launch_embed_gather(embed.data.data(), embed.type, c.vocab, c.dim, i(tokens), batch, f(x), stream);
+      kc::launch_embed_gather(embed.data.data(), embed.type, c.vocab, c.dim, i(tokens), n, f(x), stream);
     norm(nullptr, layers.front().attn_norm);
     for (size_t l = 0; l < layers.size(); ++l) {
       const Layer& w = layers[l];
-      attention(w, batch);
+      attention(w, rows, pass);
       norm(f(proj), w.ffn_norm);
-      mlp(w, batch);
+      mlp(w, rows, pass);
       norm(f(proj), l + 1 < layers.size() ? layers[l + 1].attn_norm : final_norm);
     }
-    lm_head->matmul(f(xb), batch, f(logits), stream);
+    const Logits head = pass ? pass->head : Logits::all;
+    if (head == Logits::all) project(*lm_head, f(xb), rows, f(logits), pass);
+    if (head == Logits::last) lm_head->matmul(f(xb) + (rows - 1) * c.dim, 1, f(logits), stream);
     kc::check_last_error("cuda_model step");
   }
 
   // The first step of a batch size runs eagerly (loading modules), then its graph is captured for later steps.
   void run_step(int batch) {
-    if (!o.use_graphs) return enqueue_step(batch);
+    if (!o.use_graphs) return enqueue(batch, nullptr);
     cudaGraphExec_t& exec = graphs[batch][distinct_slots ? 1 : 0];
     if (exec) {
       check(cudaGraphLaunch(exec, stream), "graph launch");
       return;
     }
-    enqueue_step(batch);
+    enqueue(batch, nullptr);
     cudaGraph_t graph = nullptr;
     check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "begin capture");
     try {
-      enqueue_step(batch);
+      enqueue(batch, nullptr);
     } catch (...) {
       cudaStreamEndCapture(stream, &graph);
       if (graph) cudaGraphDestroy(graph);
@@ -431,6 +462,9 @@ CudaModel::CudaModel(const ModelConfig& config, const TensorLookup& lookup, cons
   if (options.max_batch < 1 || options.max_batch > kc::kMaxBatch)
     fail(Errc::usage, "[cuda_model] batch {} outside [1, {}]", options.max_batch, kc::kMaxBatch);
   if (m.o.slots < 1) fail(Errc::usage, "[cuda_model] {} KV slots", m.o.slots);
+  if (options.prefill_rows < 1) fail(Errc::usage, "[cuda_model] {} prefill rows", options.prefill_rows);
+  m.o.prefill_rows = std::min(options.prefill_rows, c.max_seq);
+  m.row_capacity = std::max<int64_t>(m.o.max_batch, m.o.prefill_rows);
   if (c.head_dim > 256 || c.head_dim % 2 != 0)
     fail(Errc::unsupported, "[cuda_model] head_dim {} (the GPU attention takes even head_dim <= 256)", c.head_dim);
   if (!kc::rmsnorm_supports(c.dim))
@@ -471,6 +505,48 @@ void CudaModel::step(std::span<const int32_t> tokens, std::span<const int32_t> p
   impl_->run_step(impl_->last_batch);
 }
 
+void CudaModel::prefill(std::span<const int32_t> tokens, int64_t pos, int32_t slot, Logits which, float* logits) {
+  Impl& m = *impl_;
+  const auto n = static_cast<int64_t>(tokens.size());
+  if (n < 1 || pos < 0 || pos + n > m.o.capacity)
+    fail(Errc::limit, "[cuda_model] prefill of positions {}..{} exceeds the context of {}", pos, pos + n,
+         m.o.capacity);
+  if (slot < 0 || slot >= m.o.slots) fail(Errc::internal, "[cuda_model] slot {} outside [0, {})", slot, m.o.slots);
+  for (const int32_t t : tokens)
+    if (t < 0 || t >= m.c.vocab) fail(Errc::limit, "[cuda_model] token {} outside [0, {})", t, m.c.vocab);
+  const size_t row_bytes = static_cast<size_t>(m.c.vocab) * sizeof(float);
+  std::vector<int32_t> positions, slots;
+  for (int64_t off = 0; off < n; off += m.o.prefill_rows) {
+    const int64_t rows = std::min(m.o.prefill_rows, n - off);
+    positions.resize(static_cast<size_t>(rows));
+    std::iota(positions.begin(), positions.end(), static_cast<int32_t>(pos + off));
+    slots.assign(static_cast<size_t>(rows), slot);
+    const size_t bytes = static_cast<size_t>(rows) * sizeof(int32_t);
+    check(cudaMemcpyAsync(m.tokens.data(), tokens.data() + off, bytes, cudaMemcpyHostToDevice, m.stream),
+          "upload tokens");
+    check(cudaMemcpyAsync(m.pos.data(), positions.data(), bytes, cudaMemcpyHostToDevice, m.stream),
+          "upload positions");
+    check(cudaMemcpyAsync(m.slot.data(), slots.data(), bytes, cudaMemcpyHostToDevice, m.stream), "upload slots");
+    const bool final_pass = off + rows == n;
+    const Impl::Pass pass{.first_pos = pos + off,
+                          .slot = slot,
+                          .head = which == Logits::all ? Logits::all
+                                  : final_pass         ? which
+                                                       : Logits::none};
+    m.enqueue(rows, &pass);
+    if (pass.head == Logits::none) continue;
+    const int64_t copied = pass.head == Logits::all ? rows : 1;
+    check(cudaMemcpyAsync(logits + (pass.head == Logits::all ? off : 0) * m.c.vocab, m.logits.data(),
+                          static_cast<size_t>(copied) * row_bytes, cudaMemcpyDeviceToHost, m.stream),
+          "download logits");
+    synchronize();
+  }
+  // The device rows now hold the prefill's inputs: decoding starts from step() or set_rows().
+  m.last_batch = 0;
+  m.host_pos.clear();
+  m.host_slot.clear();
+}
+
 void CudaModel::decode_greedy(int batch, int64_t steps) {
   Impl& m = *impl_;
   if (batch < 1 || batch > m.last_batch)
@@ -489,8 +565,8 @@ void CudaModel::decode_greedy(int batch, int64_t steps) {
 
 void CudaModel::download_logits(int row_begin, int row_end, float* out) const {
   const Impl& m = *impl_;
-  if (row_begin < 0 || row_begin > row_end || row_end > m.o.max_batch)
-    fail(Errc::internal, "[cuda_model] logits rows {}..{} of {}", row_begin, row_end, m.o.max_batch);
+  if (row_begin < 0 || row_begin > row_end || row_end > m.row_capacity)
+    fail(Errc::internal, "[cuda_model] logits rows {}..{} of {}", row_begin, row_end, m.row_capacity);
   const size_t row_bytes = static_cast<size_t>(m.c.vocab) * sizeof(float);
   check(cudaMemcpyAsync(out, m.logits.as<std::byte>() + row_begin * row_bytes, (row_end - row_begin) * row_bytes,
                         cudaMemcpyDeviceToHost, m.stream),
