@@ -173,7 +173,7 @@ __global__ void __launch_bounds__(kThreads, 2) affine_gemm_kernel(GemmArgs a, co
 
 template <int B>
 void launch_bits(GemmArgs a, const float* x, int64_t m, float* y, CUstream_st* s) {
-  static const Residency dev(affine_gemm_kernel<B>, kSmemBytes);
+  static const ClusterResidency dev(affine_gemm_kernel<B>, kThreads, kSmemBytes);
   const int64_t row_blocks = (a.row_tiles + kRowTiles - 1) / kRowTiles;
   const int64_t stages = a.kblocks * (256 / B) / kStageCols;
   const int64_t group_stages = std::max(1, (1 << a.group_log2) / kStageCols);  // a K share is whole groups

@@ -318,19 +318,9 @@ void launch_bw(MmaArgs a, const float* x, int m, float* y, CUstream_st* s) {
     while (split < kMaxSplit && row_blocks * split * 2 <= slots && stages >= 4 * split) split *= 2;
   a.stages_per_split = static_cast<int>((stages + split - 1) / split);
 
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(split), static_cast<unsigned>(row_blocks));
-  cfg.blockDim = dim3(kBlockThreads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = s;
-  cudaLaunchAttribute cluster[1];
-  cluster[0].id = cudaLaunchAttributeClusterDimension;
-  cluster[0].val.clusterDim.x = static_cast<unsigned>(split);
-  cluster[0].val.clusterDim.y = 1;
-  cluster[0].val.clusterDim.z = 1;
-  cfg.attrs = cluster;
-  cfg.numAttrs = dev.major >= 9 ? 1 : 0;
-  cudaLaunchKernelEx(&cfg, affine_mma_kernel<B, W>, a, x, m, y);
+  const ClusterLaunch config(dim3(static_cast<unsigned>(split), static_cast<unsigned>(row_blocks)), kBlockThreads, split,
+                             dev.major >= 9, smem, s);
+  cudaLaunchKernelEx(&config.cfg, affine_mma_kernel<B, W>, a, x, m, y);
 }
 
 template <int B>

@@ -29,7 +29,6 @@ constexpr int kNTiles = kTileTokens / 8;
 constexpr int kStageCols = 64;
 constexpr int kSteps = kStageCols / 16;
 constexpr int kSlots = 3;
-constexpr int kSplits = 4;  // K split over clusters of 1, 2, 4 or 8 blocks (8: the portable cluster size)
 constexpr int64_t kMaxTokenBlocks = 65535;  // grid z
 
 // Shared memory of the activations: a ring slot of f32 [token][column], the B fragments and the segment sums of a
@@ -169,56 +168,11 @@ __device__ __forceinline__ void reduce_tile(float* part, const float (&acc)[2][4
   cluster_sync();  // no block leaves while others read its partial tile
 }
 
-// A launch configuration with a cluster of `split` blocks along x (none before sm_90, where split is 1).
-struct LaunchConfig {
-  cudaLaunchConfig_t cfg = {};
-  cudaLaunchAttribute cluster[1] = {};
-  LaunchConfig(dim3 grid, int split, bool clusters, int smem_bytes, CUstream_st* s) {
-    cfg.gridDim = grid;
-    cfg.blockDim = dim3(kThreads);
-    cfg.dynamicSmemBytes = smem_bytes;
-    cfg.stream = s;
-    cluster[0].id = cudaLaunchAttributeClusterDimension;
-    cluster[0].val.clusterDim.x = static_cast<unsigned>(split);
-    cluster[0].val.clusterDim.y = 1;
-    cluster[0].val.clusterDim.z = 1;
-    cfg.attrs = cluster;
-    cfg.numAttrs = clusters ? 1 : 0;
-  }
-};
-
-// Blocks of `kernel` resident at once per cluster size 1, 2, 4, 8 (clusters are placed within a GPC, so fewer than
-// the SMs times the blocks per SM may fit). Sets the kernel's shared-memory limit.
-struct Residency {
-  bool clusters = false;
-  int64_t resident[kSplits] = {1, 1, 1, 1};
-  template <class Kernel>
-  Residency(Kernel kernel, int smem_bytes) {
-    int dev = 0, sms = 0, major = 0, blocks_per_sm = 1;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, kThreads, smem_bytes);
-    resident[0] = static_cast<int64_t>(sms) * std::max(blocks_per_sm, 1);
-    clusters = major >= 9;
-    for (int i = 1; i < kSplits && clusters; ++i) {
-      LaunchConfig lc(dim3(1u << i), 1 << i, true, smem_bytes, nullptr);
-      int count = 0;
-      if (cudaOccupancyMaxActiveClusters(&count, kernel, &lc.cfg) != cudaSuccess) {
-        count = 0;
-        cudaGetLastError();  // a failed query leaves the small estimate, not an error for the next check
-      }
-      resident[i] = std::max<int64_t>(count, 1) << i;
-    }
-  }
-};
-
 // Launches kernel(args, x, y) over m tokens in grids of at most kMaxTokenBlocks token blocks, each with the K split
 // that shortens the critical path: waves of resident blocks x stages per share (shares of whole groups of
 // group_stages stages and at least 8 stages; the smaller split on a tie). Args has members m and stages_per_split.
 template <class Kernel, class Args>
-void launch_tiles(Kernel kernel, const Residency& dev, int smem_bytes, Args a, int64_t row_blocks, int64_t stages,
+void launch_tiles(Kernel kernel, const ClusterResidency& dev, int smem_bytes, Args a, int64_t row_blocks, int64_t stages,
                   int64_t group_stages, const float* x, int64_t cols, int64_t m, float* y, int64_t rows,
                   CUstream_st* s) {
   for (int64_t t0 = 0; t0 < m; t0 += kMaxTokenBlocks * kTileTokens) {
@@ -226,11 +180,12 @@ void launch_tiles(Kernel kernel, const Residency& dev, int smem_bytes, Args a, i
     const int64_t token_blocks = (part + kTileTokens - 1) / kTileTokens;
     int split = 1, stages_per_split = 0;
     int64_t best = -1;
-    for (int i = 0; i < kSplits && (i == 0 || dev.clusters); ++i) {
+    for (int i = 0; i < ClusterResidency::kSizes && (i == 0 || dev.clusters); ++i) {
       const int sp = 1 << i;
       if (i > 0 && stages < 8 * sp) break;
       const int64_t share = ((stages + sp - 1) / sp + group_stages - 1) / group_stages * group_stages;
-      const int64_t waves = (row_blocks * token_blocks * sp + dev.resident[i] - 1) / dev.resident[i];
+      const int64_t resident = i == 0 ? dev.blocks : int64_t{std::max(dev.clusters_of[i], 1)} << i;
+      const int64_t waves = (row_blocks * token_blocks * sp + resident - 1) / resident;
       if (best < 0 || waves * share < best) {
         best = waves * share;
         split = sp;
@@ -239,9 +194,10 @@ void launch_tiles(Kernel kernel, const Residency& dev, int smem_bytes, Args a, i
     }
     a.stages_per_split = stages_per_split;
     a.m = part;
-    LaunchConfig lc(dim3(static_cast<unsigned>(split), static_cast<unsigned>(row_blocks), static_cast<unsigned>(token_blocks)),
-                    split, dev.clusters, smem_bytes, s);
-    cudaLaunchKernelEx(&lc.cfg, kernel, a, x + t0 * cols, y + t0 * rows);
+    const ClusterLaunch config(
+        dim3(static_cast<unsigned>(split), static_cast<unsigned>(row_blocks), static_cast<unsigned>(token_blocks)),
+        kThreads, split, dev.clusters, smem_bytes, s);
+    cudaLaunchKernelEx(&config.cfg, kernel, a, x + t0 * cols, y + t0 * rows);
   }
 }
 

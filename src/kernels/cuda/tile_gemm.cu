@@ -270,7 +270,7 @@ __global__ void __launch_bounds__(kThreads, 1) tile_gemm_kernel(TileArgs a, cons
 
 template <class L>
 void launch(TileArgs a, const float* x, int64_t m, float* y, CUstream_st* s) {
-  static const Residency dev(tile_gemm_kernel<L>, Smem<L>::kBytes);
+  static const ClusterResidency dev(tile_gemm_kernel<L>, kThreads, Smem<L>::kBytes);
   const int64_t row_blocks = (a.rows + kTileRows - 1) / kTileRows;
   const int64_t group_stages = L::kAffine ? std::max(1, (1 << a.group_log2) / kStageCols) : 1;
   launch_tiles(tile_gemm_kernel<L>, dev, Smem<L>::kBytes, a, row_blocks, a.stages, group_stages, x, a.cols, m, y,

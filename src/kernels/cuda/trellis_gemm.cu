@@ -203,61 +203,20 @@ __global__ void __launch_bounds__(kThreads, 2) trellis_gemm_kernel(TrellisDevice
 template <int K, bool kMad1, bool kL16>
 void launch(const TrellisDevice& w, const float* x, int64_t m, float* y, CUstream_st* s) {
   const auto kernel = trellis_gemm_kernel<K, kMad1, kL16>;
-  // Launch configuration of `split` blocks per cluster (K split); `cluster` holds the attribute cfg points to.
-  struct Config {
-    cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute cluster[1] = {};
-    Config(int split, bool clusters, int64_t grid_x, int64_t grid_y, CUstream_st* s) {
-      cfg.gridDim = dim3(static_cast<unsigned>(grid_x), static_cast<unsigned>(grid_y));
-      cfg.blockDim = dim3(kThreads);
-      cfg.dynamicSmemBytes = Smem<K>::kBytes;
-      cfg.stream = s;
-      cluster[0].id = cudaLaunchAttributeClusterDimension;
-      cluster[0].val.clusterDim.x = static_cast<unsigned>(split);
-      cluster[0].val.clusterDim.y = 1;
-      cluster[0].val.clusterDim.z = 1;
-      cfg.attrs = cluster;
-      cfg.numAttrs = clusters ? 1 : 0;
-    }
-  };
-  // Clusters of 1, 2, 4, 8 blocks that fit the GPU at once (a cluster's blocks share a GPC, so a split's
-  // co-resident blocks can be fewer than the SMs' block slots).
-  struct Device {
-    bool clusters = false;
-    int resident[4] = {1, 0, 0, 0};
-    Device() {
-      int dev = 0, sms = 1, major = 0, blocks_per_sm = 1;
-      cudaGetDevice(&dev);
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-      cudaFuncSetAttribute(trellis_gemm_kernel<K, kMad1, kL16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(Smem<K>::kBytes));
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, trellis_gemm_kernel<K, kMad1, kL16>, kThreads,
-                                                    Smem<K>::kBytes);
-      resident[0] = std::max(sms * blocks_per_sm, 1);
-      clusters = major >= 9;
-      for (int i = 1, c = 2; clusters && c <= kMaxSplit; ++i, c *= 2) {
-        const Config config(c, true, c, 1, nullptr);
-        if (cudaOccupancyMaxActiveClusters(&resident[i], trellis_gemm_kernel<K, kMad1, kL16>, &config.cfg) != cudaSuccess) {
-          cudaGetLastError();  // not an error of a later launch
-          resident[i] = 0;
-        }
-      }
-    }
-  };
-  static const Device dev;  // once, outside any graph capture's stream work
+  static const ClusterResidency dev(kernel, kThreads, Smem<K>::kBytes);  // once, outside any graph capture
   const int64_t row_blocks = (w.padded_rows / 16 + kBlockTileRows - 1) / kBlockTileRows;
   const int64_t token_blocks = (m + kTokens - 1) / kTokens;
   // The split with the fewest waves of clusters per unit of work (ties: the smaller), every share 2+ chunks.
   const int64_t base = row_blocks * token_blocks;
   int split = 1;
-  double best = static_cast<double>((base + dev.resident[0] - 1) / dev.resident[0]);
+  double best = static_cast<double>((base + dev.blocks - 1) / dev.blocks);
   for (int i = 1, c = 2; c <= kMaxSplit && w.chunks >= 2 * c; ++i, c *= 2) {
-    if (dev.resident[i] < 1) continue;
-    const double cost = static_cast<double>((base + dev.resident[i] - 1) / dev.resident[i]) / c;
+    if (dev.clusters_of[i] < 1) continue;
+    const double cost = static_cast<double>((base + dev.clusters_of[i] - 1) / dev.clusters_of[i]) / c;
     if (cost < best) best = cost, split = c;
   }
-  const Config config(split, dev.clusters, row_blocks * split, token_blocks, s);
+  const ClusterLaunch config(dim3(static_cast<unsigned>(row_blocks * split), static_cast<unsigned>(token_blocks)),
+                             kThreads, split, dev.clusters, Smem<K>::kBytes, s);
   cudaLaunchKernelEx(&config.cfg, kernel, w, x, m, y, split, (w.chunks + split - 1) / split);
 }
 
