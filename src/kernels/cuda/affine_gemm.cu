@@ -123,28 +123,20 @@ __global__ void __launch_bounds__(kThreads, 2) affine_gemm_kernel(GemmArgs a, co
       uint2 bf[2][4];  // [hi, lo][n-tile]
       load_b(frag + buf * kFragWords, j, wn, lane, bf);
       mma_step(c, af, bf);
-      if (((j + 1) & (seg_steps - 1)) == 0) {  // end of a segment: the Sx term; end of a group: the C term too
-        const bool group_end = ((st * kSteps + j + 1) & (group_steps - 1)) == 0;
-        const int q = (16 * j) >> a.group_log2;  // the group among the slot's meta (0 unless group 32)
-        float2 sxv[4];
-        load_segment_sums(sx + buf * kSxFloats, j / seg_steps, wn, t, sxv);
-#pragma unroll
-        for (int r = 0; r < 2; ++r)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const int e0 = (2 * wr + r) * kMetaTileWords + ((q * 16 + g + 8 * h) * a.meta_stride + a.meta_offset);
-            float s, b;
-            if (a.meta_f32) {
-              s = __uint_as_float(ms[e0]), b = __uint_as_float(ms[e0 + 1]);
-            } else {
-              const uint32_t pair = ms[e0];
-              s = __uint_as_float(pair << 16), b = __uint_as_float(pair & 0xFFFF0000u);
-            }
-            const float sk = kCodeScale<B> * s;
-            apply_segment(acc[r], c[r], sxv, h, sk, fmaf(-2.0f, sk, b), group_end);
-          }
-        if (group_end) zero(c);
-      }
+      finish_segment(j, st, seg_steps, group_steps, a.group_log2, sx + buf * kSxFloats, wn, t, acc, c,
+                     [&](int r, int h, int q) {
+                       const int e0 =
+                           (2 * wr + r) * kMetaTileWords + ((q * 16 + g + 8 * h) * a.meta_stride + a.meta_offset);
+                       float s, b;
+                       if (a.meta_f32) {
+                         s = __uint_as_float(ms[e0]), b = __uint_as_float(ms[e0 + 1]);
+                       } else {
+                         const uint32_t pair = ms[e0];
+                         s = __uint_as_float(pair << 16), b = __uint_as_float(pair & 0xFFFF0000u);
+                       }
+                       const float sk = kCodeScale<B> * s;  // C sums 2 + q / K: scale K s, bias' b - 2 K s
+                       return make_float2(sk, fmaf(-2.0f, sk, b));
+                     });
     }
   };
 

@@ -140,6 +140,28 @@ __device__ __forceinline__ void zero(float (&v)[2][4][4]) {
       for (int e = 0; e < 4; ++e) v[r][n][e] = 0.0f;
 }
 
+// After k16 step j of stage st: at a segment's end (every seg_steps steps) acc += bias' Sx for both row tiles,
+// and at a group's end also + scale C, restarting C. row_meta(r, h, q) gives (scale, bias') of the lane's row in
+// row tile r, fragment half h, for group q among the stage's.
+template <class RowMeta>
+__device__ __forceinline__ void finish_segment(int j, int64_t st, int seg_steps, int group_steps, int group_log2,
+                                               const float* sx, int wn, int t, float (&acc)[2][4][4],
+                                               float (&c)[2][4][4], RowMeta row_meta) {
+  if (((j + 1) & (seg_steps - 1)) != 0) return;
+  const bool group_end = ((st * kSteps + j + 1) & (group_steps - 1)) == 0;
+  const int q = (16 * j) >> group_log2;  // the group among the stage's meta (0 unless group 32)
+  float2 sxv[4];
+  load_segment_sums(sx, j / seg_steps, wn, t, sxv);
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float2 sb = row_meta(r, h, q);
+      apply_segment(acc[r], c[r], sxv, h, sb.x, sb.y, group_end);
+    }
+  if (group_end) zero(c);
+}
+
 // After the K loop (every copy waited for, a barrier passed): the block's partial tile [token][row] into part
 // (shared memory), then each rank of the cluster adds its share of it over the ranks into y rows row0 ..,
 // tokens tok0 .. (y = or y +=).
@@ -172,8 +194,8 @@ __device__ __forceinline__ void reduce_tile(float* part, const float (&acc)[2][4
 // that shortens the critical path: waves of resident blocks x stages per share (shares of whole groups of
 // group_stages stages and at least 8 stages; the smaller split on a tie). Args has members m and stages_per_split.
 template <class Kernel, class Args>
-void launch_tiles(Kernel kernel, const ClusterResidency& dev, int smem_bytes, Args a, int64_t row_blocks, int64_t stages,
-                  int64_t group_stages, const float* x, int64_t cols, int64_t m, float* y, int64_t rows,
+void launch_tiles(Kernel kernel, const ClusterResidency& dev, int smem_bytes, Args a, int64_t row_blocks,
+                  int64_t stages, int64_t group_stages, const float* x, int64_t cols, int64_t m, float* y, int64_t rows,
                   CUstream_st* s) {
   for (int64_t t0 = 0; t0 < m; t0 += kMaxTokenBlocks * kTileTokens) {
     const int64_t part = std::min(m - t0, kMaxTokenBlocks * kTileTokens);

@@ -228,22 +228,9 @@ __global__ void __launch_bounds__(kThreads, 1) tile_gemm_kernel(TileArgs a, cons
       uint2 bf[2][4];  // [hi, lo][n-tile]
       load_b(frag + buf * kFragWords, j, wn, lane, bf);
       mma_step(c, af, bf);
-      if constexpr (L::kAffine) {
-        if (((j + 1) & (seg_steps - 1)) == 0) {  // end of a segment: the Sx term; end of a group: the C term too
-          const bool group_end = ((st * kSteps + j + 1) & (group_steps - 1)) == 0;
-          const int q = (16 * j) >> a.group_log2;  // the group among the slot's meta (0 unless group 32)
-          float2 sxv[4];
-          load_segment_sums(sx + buf * kSxFloats, j / seg_steps, wn, t, sxv);
-#pragma unroll
-          for (int r = 0; r < 2; ++r)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              const float2 sb = meta_pair(a, ms, 32 * wr + 16 * r + g + 8 * h, q);
-              apply_segment(acc[r], c[r], sxv, h, sb.x, sb.y, group_end);
-            }
-          if (group_end) zero(c);
-        }
-      }
+      if constexpr (L::kAffine)
+        finish_segment(j, st, seg_steps, group_steps, a.group_log2, sx + buf * kSxFloats, wn, t, acc, c,
+                       [&](int r, int h, int q) { return meta_pair(a, ms, 32 * wr + 16 * r + g + 8 * h, q); });
     }
   };
 
