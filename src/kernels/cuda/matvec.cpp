@@ -1,4 +1,5 @@
-// Checked entry points of the matvec kernels (affine, dense, trellis): the batch and layout checks the unchecked launchers rely on.
+// Checked entry points of the matvec kernels (affine, dense, trellis): the batch and layout checks the unchecked launchers rely on
+// (the layout checks serve the prefill GEMMs of gemm.cpp too).
 #include <algorithm>
 
 #include "kernels/cuda/matvec.h"
@@ -8,6 +9,33 @@
 #include "lowbit/kernels/cuda.h"
 
 namespace lowbit::kernels::cuda {
+
+void check_layout(const AffineDevice& w, const char* op) {
+  const bool bits_ok = w.bits == 3 || w.bits == 5 || w.bits == 6;
+  const bool group_ok = w.group >= 32 && (w.group & (w.group - 1)) == 0;
+  if (!bits_ok || !group_ok || w.kpad % kChunkWeights != 0 || w.kpad % w.group != 0 || w.kpad < w.cols)
+    fail(Errc::unsupported, "[{}] {} bits, group {}, padded width {} has no kernel", op, w.bits, w.group, w.kpad);
+}
+
+void check_layout(const CoalescedDevice& w, const char* op) {
+  const bool bits_ok = w.bits == 8 || (w.bits == 16 && w.group == 0);
+  const bool group_ok = w.bits == 16 || (w.group >= 32 && (w.group & (w.group - 1)) == 0 && w.kpad % w.group == 0);
+  if (!bits_ok || !group_ok || w.kpad % coalesced_step_cols(w.bits) != 0 || w.kpad < w.cols)
+    fail(Errc::unsupported, "[{}] {} bits, group {}, padded width {} has no kernel", op, w.bits, w.group, w.kpad);
+}
+
+void check_layout(const AffineMmaDevice& w, const char* op) {
+  const int64_t kpad = w.kblocks * mma_kblock_cols(w.bits);
+  const bool group_ok = (w.group == 32 || w.group == 64 || w.group == 128) && kpad % w.group == 0;
+  if ((w.bits != 2 && w.bits != 4) || !group_ok || w.row_tiles % (kMmaRows / 16) != 0 || w.row_tiles * 16 < w.rows ||
+      kpad < w.cols)
+    fail(Errc::unsupported, "[{}] {} bits, group {}, padded width {} has no kernel", op, w.bits, w.group, kpad);
+}
+
+void check_layout(const TwoPlaneDevice& w, const char* op) {
+  if (w.row_tiles % (kMmaRows / 16) != 0 || w.row_tiles * 16 < w.rows || w.kblocks * 128 < w.cols)
+    fail(Errc::unsupported, "[{}] padded width {} has no kernel", op, w.kblocks * 128);
+}
 
 namespace {
 // The compiled batch width that serves m rows.
@@ -21,10 +49,7 @@ int batch_width(int m, int64_t rows) {
 }  // namespace
 
 void affine_matmul(const AffineDevice& w, const float* x, int m, float* y, Stream s) {
-  const bool bits_ok = w.bits == 3 || w.bits == 5 || w.bits == 6;
-  const bool group_ok = w.group >= 32 && (w.group & (w.group - 1)) == 0;
-  if (!bits_ok || !group_ok || w.kpad % kChunkWeights != 0 || w.kpad % w.group != 0 || w.kpad < w.cols)
-    fail(Errc::unsupported, "[cuda affine] {} bits, group {}, padded width {} has no kernel", w.bits, w.group, w.kpad);
+  check_layout(w, "cuda affine");
   launch_affine_kernel(w, x, m, batch_width(m, w.rows), y, s);
   check_last_error("cuda affine matmul");
 }
@@ -37,20 +62,13 @@ void dense_matmul(const DenseDevice& w, const float* x, int m, float* y, Stream 
 }
 
 void coalesced_matmul(const CoalescedDevice& w, const float* x, int m, float* y, Stream s) {
-  const bool bits_ok = w.bits == 8 || (w.bits == 16 && w.group == 0);
-  const bool group_ok = w.bits == 16 || (w.group >= 32 && (w.group & (w.group - 1)) == 0 && w.kpad % w.group == 0);
-  if (!bits_ok || !group_ok || w.kpad % coalesced_step_cols(w.bits) != 0 || w.kpad < w.cols)
-    fail(Errc::unsupported, "[cuda coalesced] {} bits, group {}, padded width {} has no kernel", w.bits, w.group, w.kpad);
+  check_layout(w, "cuda coalesced");
   launch_coalesced_kernel(w, x, m, batch_width(m, w.rows), y, s);
   check_last_error("cuda coalesced matmul");
 }
 
 void affine_mma_matmul(const AffineMmaDevice& w, const float* x, int m, float* y, Stream s) {
-  const int64_t kpad = w.kblocks * mma_kblock_cols(w.bits);
-  const bool group_ok = (w.group == 32 || w.group == 64 || w.group == 128) && kpad % w.group == 0;
-  if ((w.bits != 2 && w.bits != 4) || !group_ok || w.row_tiles % (kMmaRows / 16) != 0 || w.row_tiles * 16 < w.rows ||
-      kpad < w.cols)
-    fail(Errc::unsupported, "[cuda affine mma] {} bits, group {}, padded width {} has no kernel", w.bits, w.group, kpad);
+  check_layout(w, "cuda affine mma");
   const int batch = batch_width(m, w.row_tiles * 16);
   if (affine_fma_serves(w, batch)) {
     launch_affine_fma_kernel(w, x, m, batch, y, s);
@@ -62,8 +80,8 @@ void affine_mma_matmul(const AffineMmaDevice& w, const float* x, int m, float* y
 
 // Batches wider than the CUDA-core kernel's run in slices of kFmaMaxBatch rows (each reads the weights again).
 void two_plane_matmul(const TwoPlaneDevice& w, const float* x, int m, float* y, Stream s) {
-  if (w.row_tiles % (kMmaRows / 16) != 0 || w.row_tiles * 16 < w.rows || w.kblocks * 128 < w.cols ||
-      !fma_group_sums_fit(w.kblocks, kFmaMaxBatch))
+  check_layout(w, "cuda two_plane");
+  if (!fma_group_sums_fit(w.kblocks, kFmaMaxBatch))
     fail(Errc::unsupported, "[cuda two_plane] padded width {} has no kernel", w.kblocks * 128);
   batch_width(m, w.row_tiles * 16);
   for (int i0 = 0; i0 < m; i0 += kFmaMaxBatch) {

@@ -111,6 +111,12 @@ struct TwoPlaneDevice {
   bool meta_f32 = false;
 };
 
+// Errc::unsupported naming `op` unless the layout is one the kernels take (the matmul and gemm entry points check).
+void check_layout(const AffineDevice& w, const char* op);
+void check_layout(const CoalescedDevice& w, const char* op);
+void check_layout(const AffineMmaDevice& w, const char* op);
+void check_layout(const TwoPlaneDevice& w, const char* op);
+
 // y [m, rows] = x [m, cols] @ W^T, f32. Checks the batch (1 <= m <= kMaxBatch) and the layout, launches on
 // `stream`, and reports a failed launch as Errc::internal.
 void affine_matmul(const AffineDevice& w, const float* x, int m, float* y, CUstream_st* stream);
