@@ -73,20 +73,33 @@ struct StreamLoader {
   }
 };
 
+// Stage st of the block's rows in the coalesced layout, P bytes per lane word: with S = 32 / P stages per step, stage
+// cs = st % S is bytes P (cs / 2) .. + P - 1 of the 16-byte words of lanes 16 (cs % 2) .. + 15, sixteen copies per
+// row into raw + r stride, in column order (rows past the matrix repeat its last).
+template <int P>
+__device__ void copy_coalesced_stage(const TileArgs& a, unsigned char* raw, int stride, int64_t row0, int64_t st) {
+  constexpr int S = 32 / P;
+  const int64_t step = st / S;
+  const int t = static_cast<int>(st % S) / 2, half = static_cast<int>(st % 2);
+  for (int c = threadIdx.x; c < kTileRows * 16; c += kThreads) {
+    const int r = c / 16, p = c % 16;
+    const int64_t row = min(row0 + r, a.rows - 1);
+    const unsigned char* src = a.codes + row * a.row_bytes + (step * 32 + 16 * half + p) * 16 + P * t;
+    if constexpr (P == 4) {
+      cp_async4(raw + r * stride + 4 * p, src, 4);
+    } else {
+      cp_async8(raw + r * stride + 8 * p, src);
+    }
+  }
+}
+
 // Affine 8 bits, coalesced (T = 4): stage cs = st % 8 of a 512-column step is bytes 4 (cs / 2) .. + 3 of the 16-byte
 // words of lanes 16 (cs % 2) .. + 15: sixteen 4-byte copies, in column order.
 struct ByteLoader {
   static constexpr bool kAffine = true, kDecode = true;
   static constexpr int kRawStride = 80;  // 5 16-byte units: a quarter warp's loads of consecutive rows are distinct
   __device__ static void copy(const TileArgs& a, unsigned char* raw, int64_t row0, int64_t st) {
-    const int64_t step = st / 8;
-    const int t = static_cast<int>(st % 8) / 2, half = static_cast<int>(st % 2);
-    for (int c = threadIdx.x; c < kTileRows * 16; c += kThreads) {
-      const int r = c / 16, p = c % 16;
-      const int64_t row = min(row0 + r, a.rows - 1);
-      cp_async4(raw + r * kRawStride + 4 * p,
-                a.codes + row * a.row_bytes + (step * 32 + 16 * half + p) * 16 + 4 * t, 4);
-    }
+    copy_coalesced_stage<4>(a, raw, kRawStride, row0, st);
   }
   __device__ static void decode(const unsigned char* raw, int r, int h, uint32_t (&out)[16]) {
     const uint4* src = reinterpret_cast<const uint4*>(raw + r * kRawStride + 32 * h);
@@ -106,13 +119,7 @@ struct Bf16Loader {
   static constexpr bool kAffine = false, kDecode = false;
   static constexpr int kRawStride = kTileStride;
   __device__ static void copy(const TileArgs& a, unsigned char* raw, int64_t row0, int64_t st) {
-    const int64_t step = st / 4;
-    const int t = static_cast<int>(st % 4) / 2, half = static_cast<int>(st % 2);
-    for (int c = threadIdx.x; c < kTileRows * 16; c += kThreads) {
-      const int r = c / 16, p = c % 16;
-      const int64_t row = min(row0 + r, a.rows - 1);
-      cp_async8(raw + r * kRawStride + 8 * p, a.codes + row * a.row_bytes + (step * 32 + 16 * half + p) * 16 + 8 * t);
-    }
+    copy_coalesced_stage<8>(a, raw, kRawStride, row0, st);
   }
 };
 
