@@ -1,0 +1,346 @@
+#!/usr/bin/env python3
+"""Writes the per-family reference fixtures of tests/model/fixtures/families/ from Hugging Face transformers.
+
+Regenerate (CPU only, a few seconds):
+    python3 -m pip install torch transformers safetensors      # CPU torch is enough
+    python3 scripts/make_family_fixtures.py                     # writes tests/model/fixtures/families/<family>/
+    python3 scripts/make_family_fixtures.py --check             # reloads and re-verifies each fixture
+Made with torch 2.15.0, transformers 5.25.0, safetensors 0.8.0 (Python 3.11.7), the versions the script records in
+each expected.safetensors' metadata. Other versions may differ in the last bits; the check (--check) tells.
+
+Each tests/model/fixtures/families/<family>/ holds a tiny randomly initialised model (fixed seeds) as a Hugging Face
+directory, config.json (classic field names: rope_theta, rope_scaling, rope_local_base_freq, as the published
+checkpoints have them, not transformers 5's rope_parameters) and model.safetensors (bf16), plus expected.safetensors:
+    tokens  int32 [24]        a fixed token sequence, longer than every sliding window
+    logits  f32 [24, vocab]   one float32 forward over all 24 tokens, attn_implementation="eager"
+    greedy  int32 [16]        model.generate(do_sample=False) in float32 continuing `tokens` (no EOS stop)
+The weights were drawn from seeded normals, then rounded to bf16: the stored bf16 weights are exactly what the f32
+reference computes with. Norm weights are drawn around 1 (gemma: w around 0, as its norms apply 1 + w; gemma's final
+norm w around 2, so its small tied embeddings still give logits big enough for softcapping), so nothing is degenerate.
+The script asserts, per family: the greedy continuation equals the argmax of an uncached forward over all 40 tokens;
+no greedy step is a near tie (top-1 minus top-2 logit >= MIN_MARGIN), so an implementation within 1e-4 relative of
+`logits` must reproduce `greedy`; greedy has >= MIN_DISTINCT distinct ids (not one id repeated); and each feature in
+the family's `ablations` matters (changing that config.json field moves some logit by more than BITE). A seed that
+fails the greedy conditions is skipped for the next one (deterministically); the seed used is printed.
+Sizes (bytes): model.safetensors 118-144 K, expected.safetensors 12.8 K, config.json < 1 K; each directory <= 154 KiB.
+
+Every family: 2 layers, hidden 64, 4 heads, 2 KV heads (GQA 2), head_dim 16 and intermediate 64 unless said
+(qwen3 and gemma3: head_dim 32, intermediate 32, to stay small), vocab 128, max_position_embeddings 128,
+rms_norm_eps 1e-6 (phi3 1e-5), bos 1, eos 2, pad 0. What each fixture exercises, with the transformers config fields
+("ablation-checked": the script verifies the feature changes the logits):
+  llama    LlamaForCausalLM; untied lm_head (tie_word_embeddings false); rope_theta 500000 with rope_scaling
+           {rope_type llama3, factor 8, low_freq_factor 1, high_freq_factor 4, original_max_position_embeddings 64}:
+           head_dim 16 has wavelengths in all three llama3 regimes (kept, smoothed, divided by factor);
+           ablation-checked.
+  mistral  MistralForCausalLM; untied; rope_theta 1e6; sliding_window 4096 (larger than any context here, as in
+           Mistral 7B v0.1; full causal attention is exact).
+  qwen2    Qwen2ForCausalLM; q/k/v biases (always on in Qwen2, no o bias); tied embeddings; rope_theta 1e6;
+           use_sliding_window false.
+  qwen3    Qwen3ForCausalLM; head_dim 32 (4 heads x 32 = 128 != hidden 64); q_norm/k_norm (RMSNorm per head, before
+           RoPE); no biases (attention_bias false); tied embeddings; rope_theta 1e6.
+  gemma2   Gemma2ForCausalLM; tied; layer_types left out as in the published checkpoints (default: even layers
+           sliding, so layer 0 sliding, layer 1 full); sliding_window 6; query_pre_attn_scalar 24 (!= head_dim 16);
+           attn_logit_softcapping 5.0 and final_logit_softcapping 3.0 and the window, each ablation-checked
+           (pre-cap final logits reach 4.3); (1 + w) RMSNorms incl. pre/post feedforward norms;
+           embeddings times sqrt(64);
+           hidden_activation gelu_pytorch_tanh.
+  gemma3   Gemma3ForCausalLM (model_type gemma3_text); tied; head_dim 32; layer_types [sliding_attention,
+           full_attention] (sliding_window_pattern 2); sliding_window 6; rope_local_base_freq 10000 (sliding layers)
+           != rope_theta 1e6 (full layers), rope_scaling {rope_type linear, factor 2} on the full layers only;
+           query_pre_attn_scalar 24 (!= head_dim 32); q_norm/k_norm ((1 + w) RMSNorm per head); no softcapping
+           (Gemma3Attention never passes attn_logit_softcapping on). Window, rope_scaling and rope_local_base_freq
+           ablation-checked.
+  phi3     Phi3ForCausalLM; fused self_attn.qkv_proj ([q; k; v] rows) and mlp.gate_up_proj ([gate; up] rows); untied;
+           rope_scaling {type longrope, short_factor, long_factor} with original_max_position_embeddings 64 and
+           max_position_embeddings 128: every position here (< 40) uses short_factor, and cos/sin are multiplied by
+           sqrt(1 + ln(128/64) / ln(64)) = 1.0801; partial_rotary_factor 1.0; rms_norm_eps 1e-5; longrope
+           ablation-checked.
+"""
+import argparse
+import json
+import math
+import pathlib
+import sys
+import tempfile
+
+import safetensors
+import safetensors.torch
+import torch
+import transformers
+
+T = 24          # prompt length, > every sliding window (6)
+N_GREEDY = 16   # greedy continuation length
+MIN_MARGIN = 2e-2  # smallest allowed top-1 minus top-2 logit at a greedy step
+MIN_DISTINCT = 6   # fewest distinct ids in the greedy continuation (a repeated id tests little)
+BITE = 1e-1     # a softcap must move some logit by more than this to count as exercised
+LOGIT_RTOL = 1e-5  # --check: reloaded logits vs the stored ones (same library, same machine: near bit-exact)
+
+COMMON = {
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "intermediate_size": 64,
+    "vocab_size": 128,
+    "max_position_embeddings": 128,
+    "rms_norm_eps": 1e-6,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "pad_token_id": 0,
+    "torch_dtype": "bfloat16",
+    "use_cache": True,
+}
+
+# Per family: the config.json fields beyond COMMON; `gemma_norm`: norms store w and apply (1 + w).
+FAMILIES = {
+    "llama": {
+        "config": {
+            "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
+            "tie_word_embeddings": False, "attention_bias": False, "mlp_bias": False, "rope_theta": 500000.0,
+            "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                             "original_max_position_embeddings": 64},
+        },
+        "ablations": {"rope_scaling": None},
+    },
+    "mistral": {
+        "config": {
+            "architectures": ["MistralForCausalLM"], "model_type": "mistral", "hidden_act": "silu",
+            "tie_word_embeddings": False, "rope_theta": 1000000.0, "sliding_window": 4096,
+        },
+    },
+    "qwen2": {
+        "config": {
+            "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_act": "silu",
+            "tie_word_embeddings": True, "rope_theta": 1000000.0, "use_sliding_window": False,
+            "sliding_window": None, "max_window_layers": 2,
+        },
+    },
+    "qwen3": {
+        "config": {
+            "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_act": "silu",
+            "head_dim": 32, "intermediate_size": 32,
+            "tie_word_embeddings": True, "attention_bias": False, "rope_theta": 1000000.0,
+            "use_sliding_window": False, "sliding_window": None, "max_window_layers": 2,
+        },
+    },
+    "gemma2": {
+        "gemma_norm": True,
+        "config": {
+            "architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2", "hidden_activation": "gelu_pytorch_tanh",
+            "hidden_act": "gelu_pytorch_tanh", "tie_word_embeddings": True, "attention_bias": False,
+            "rope_theta": 10000.0, "sliding_window": 6, "query_pre_attn_scalar": 24,
+            "attn_logit_softcapping": 5.0, "final_logit_softcapping": 3.0,
+        },
+        "ablations": {"attn_logit_softcapping": None, "final_logit_softcapping": None, "sliding_window": 4096},
+    },
+    "gemma3": {
+        "gemma_norm": True,
+        "config": {
+            "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text",
+            "head_dim": 32, "intermediate_size": 32,
+            "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": True, "attention_bias": False,
+            "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0,
+            "rope_scaling": {"rope_type": "linear", "factor": 2.0},
+            "sliding_window": 6, "sliding_window_pattern": 2,
+            "layer_types": ["sliding_attention", "full_attention"], "query_pre_attn_scalar": 24,
+            "attn_logit_softcapping": None, "final_logit_softcapping": None,
+        },
+        "ablations": {"sliding_window": 4096, "rope_scaling": None, "rope_local_base_freq": 1000000.0},
+    },
+    "phi3": {
+        "config": {
+            "architectures": ["Phi3ForCausalLM"], "model_type": "phi3", "hidden_act": "silu", "rms_norm_eps": 1e-5,
+            "tie_word_embeddings": False, "rope_theta": 10000.0, "original_max_position_embeddings": 64,
+            "sliding_window": None,
+            "rope_scaling": {"type": "longrope",
+                             "short_factor": [1.0, 1.05, 1.1, 1.3, 1.6, 2.0, 2.5, 3.0],
+                             "long_factor": [1.0, 1.2, 1.6, 2.4, 4.0, 6.0, 8.0, 10.0]},
+        },
+        "ablations": {"rope_scaling": None},
+    },
+}
+
+
+def family_config(family: str) -> dict:
+    return {**COMMON, **FAMILIES[family]["config"]}
+
+
+def redraw_weights(model: torch.nn.Module, gemma_norm: bool, seed: int) -> None:
+    """Replaces every parameter with a seeded normal draw rounded to bf16 (kept as f32 in the model)."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in sorted(model.named_parameters()):
+            if p.dim() == 1 and "norm" in name:
+                # Norm weights: (1 + w) with w ~ N(0, 0.2) for gemma, w ~ N(1, 0.2) elsewhere. Gemma's final norm
+                # is drawn around 2 (scale 3): its small tied embeddings (below) would otherwise give logits too
+                # small for final_logit_softcapping to matter.
+                centre = (2.0 if name == "model.norm.weight" else 0.0) if gemma_norm else 1.0
+                value = centre + 0.2 * torch.randn(p.shape, generator=gen)
+            elif p.dim() == 1:  # biases
+                value = 0.3 * torch.randn(p.shape, generator=gen)
+            elif "embed_tokens" in name:
+                # Small against the blocks' outputs: tied, a large embedding makes the last token's own logit win
+                # and greedy repeats it forever. Gemma multiplies embeddings by sqrt(hidden) = 8.
+                value = (0.05 if gemma_norm else 0.4) * torch.randn(p.shape, generator=gen)
+            elif "lm_head" in name:
+                value = 3.0 / math.sqrt(p.shape[1]) * torch.randn(p.shape, generator=gen)
+            else:
+                value = 1.5 / math.sqrt(p.shape[1]) * torch.randn(p.shape, generator=gen)
+            p.copy_(value.to(torch.bfloat16).to(torch.float32))
+
+
+def fixed_tokens(vocab: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(1234)
+    return torch.randint(3, vocab, (T,), generator=gen)  # ids 0-2 are pad/bos/eos
+
+
+def load_reference(directory: pathlib.Path, **config_overrides):
+    config = transformers.AutoConfig.from_pretrained(directory, **config_overrides)
+    model, info = transformers.AutoModelForCausalLM.from_pretrained(
+        directory, config=config, dtype=torch.float32, attn_implementation="eager", output_loading_info=True)
+    problems = {k: v for k, v in info.items() if v}
+    if problems:
+        sys.exit(f"{directory}: loading reported {problems}")
+    return model.eval()
+
+
+def forward_logits(model, tokens: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return model(tokens[None, :], use_cache=False).logits[0].float()
+
+
+def greedy(model, tokens: torch.Tensor) -> torch.Tensor:
+    generation = transformers.GenerationConfig(do_sample=False, max_new_tokens=N_GREEDY, min_new_tokens=0,
+                                               eos_token_id=None, pad_token_id=0, bos_token_id=None)
+    with torch.no_grad():
+        out = model.generate(tokens[None, :], generation_config=generation,
+                             attention_mask=torch.ones(1, T, dtype=torch.long))
+    return out[0, T:]
+
+
+class NearTie(Exception):
+    """A seed whose greedy continuation is fragile (near tie) or uninformative (one id repeated)."""
+
+
+def verify(family: str, directory: pathlib.Path, logits: torch.Tensor, cont: torch.Tensor, tokens: torch.Tensor,
+           model) -> list[str]:
+    """Checks that the fixture is non-degenerate and that its greedy tokens are robust; returns notes for the log."""
+    notes = []
+    if cont.numel() != N_GREEDY:
+        sys.exit(f"{family}: generate gave {cont.numel()} tokens, not {N_GREEDY}")
+    # Greedy must be the argmax of one uncached forward over prompt + continuation (cache and no cache agree),
+    # and every step must have a clear winner.
+    full = forward_logits(model, torch.cat([tokens, cont]))
+    steps = full[T - 1:T - 1 + N_GREEDY]
+    if not torch.equal(steps.argmax(-1), cont):
+        sys.exit(f"{family}: cached greedy {cont.tolist()} != uncached argmax {steps.argmax(-1).tolist()}")
+    if len(set(cont.tolist())) < MIN_DISTINCT:
+        raise NearTie(f"{family}: greedy {cont.tolist()} has fewer than {MIN_DISTINCT} distinct ids")
+    top2 = steps.topk(2, dim=-1).values
+    margin = float((top2[:, 0] - top2[:, 1]).min())
+    if margin < MIN_MARGIN:
+        raise NearTie(f"{family}: a greedy step is a near tie (margin {margin:.3g} < {MIN_MARGIN})")
+    # Also check that logits of the prompt forward equal those of the longer forward (causality).
+    if not torch.allclose(full[:T], logits, rtol=1e-5, atol=1e-5):
+        sys.exit(f"{family}: the prompt's logits change when more tokens follow")
+    eos = model.config.eos_token_id
+    if eos in cont.tolist():
+        sys.exit(f"{family}: greedy emits the eos id {eos}; an EOS-stopping generator would stop early")
+    spread = float(logits.std())
+    if spread < 0.3:
+        sys.exit(f"{family}: logits std {spread:.3g} is degenerate")
+    notes.append(f"logits std {spread:.3f}, min greedy margin {margin:.3f}")
+    # Each feature named in `ablations` must matter: the same weights with that config.json field changed give
+    # logits that differ by more than BITE.
+    for field, value in FAMILIES[family].get("ablations", {}).items():
+        with tempfile.TemporaryDirectory() as tmp:
+            ablated = pathlib.Path(tmp)
+            (ablated / "config.json").write_text(json.dumps({**family_config(family), field: value}))
+            (ablated / "model.safetensors").symlink_to((directory / "model.safetensors").resolve())
+            other = forward_logits(load_reference(ablated), tokens)
+        moved = float((other - logits).abs().max())
+        if moved <= BITE:
+            sys.exit(f"{family}: {field} does not matter (logits move by {moved:.3g} with {field}={value})")
+        notes.append(f"{field}={value} moves logits by {moved:.3f} (max |logit| {float(other.abs().max()):.2f})")
+    return notes
+
+
+def write_family(family: str, out: pathlib.Path, first_seed: int) -> None:
+    """Tries seeds first_seed, first_seed + 1, ... until the greedy continuation has no near tie."""
+    for seed in range(first_seed, first_seed + 20):
+        try:
+            return write_family_with_seed(family, out, seed)
+        except NearTie as e:
+            print(f"{e}; seed {seed} rejected")
+    sys.exit(f"{family}: no seed in [{first_seed}, {first_seed + 20}) avoids near ties")
+
+
+def write_family_with_seed(family: str, out: pathlib.Path, seed: int) -> None:
+    spec = FAMILIES[family]
+    directory = out / family
+    directory.mkdir(parents=True, exist_ok=True)
+    config_json = family_config(family)
+    (directory / "config.json").write_text(json.dumps(config_json, indent=2) + "\n")
+
+    config = transformers.AutoConfig.from_pretrained(directory)
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    redraw_weights(model, spec.get("gemma_norm", False), seed)
+    state = {k: v.to(torch.bfloat16).contiguous() for k, v in model.state_dict().items()}
+    if config_json["tie_word_embeddings"]:
+        del state["lm_head.weight"]  # stored once, as in the published tied checkpoints
+    safetensors.torch.save_file(state, directory / "model.safetensors", metadata={"format": "pt"})
+
+    reference = load_reference(directory)
+    tokens = fixed_tokens(config_json["vocab_size"])
+    logits = forward_logits(reference, tokens)
+    cont = greedy(reference, tokens)
+    notes = verify(family, directory, logits, cont, tokens, reference)
+    safetensors.torch.save_file(
+        {"tokens": tokens.to(torch.int32), "logits": logits.contiguous(), "greedy": cont.to(torch.int32)},
+        directory / "expected.safetensors", metadata=versions())
+    sizes = {p.name: p.stat().st_size for p in sorted(directory.iterdir())}
+    print(f"{family}: seed {seed}, {', '.join(notes)}; greedy {cont.tolist()}; sizes {sizes} "
+          f"(total {sum(sizes.values())} B)")
+
+
+def versions() -> dict:
+    return {"torch": torch.__version__, "transformers": transformers.__version__,
+            "safetensors": safetensors.__version__, "python": sys.version.split()[0],
+            "generator": "scripts/make_family_fixtures.py"}
+
+
+def check_family(family: str, out: pathlib.Path) -> None:
+    directory = out / family
+    expected = safetensors.torch.load_file(directory / "expected.safetensors")
+    reference = load_reference(directory)
+    tokens = expected["tokens"].long()
+    logits = forward_logits(reference, tokens)
+    rel = float((logits - expected["logits"]).abs().max() / expected["logits"].abs().max())
+    cont = greedy(reference, tokens)
+    same_greedy = torch.equal(cont, expected["greedy"].long())
+    ok = rel <= LOGIT_RTOL and same_greedy
+    print(f"{family}: max |d logit| / max |logit| {rel:.3g}, greedy {'equal' if same_greedy else 'DIFFERENT'}"
+          f" -> {'ok' if ok else 'FAIL'}")
+    if not ok:
+        sys.exit(1)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    root = pathlib.Path(__file__).resolve().parent.parent
+    parser.add_argument("--out", type=pathlib.Path, default=root / "tests/model/fixtures/families")
+    parser.add_argument("--check", action="store_true", help="reload each fixture and re-verify; write nothing")
+    parser.add_argument("families", nargs="*", default=list(FAMILIES))
+    args = parser.parse_args()
+    torch.set_num_threads(1)  # one thread: the reduction order does not depend on the machine's core count
+    for family in args.families:
+        if args.check:
+            check_family(family, args.out)
+        else:
+            write_family(family, args.out, first_seed=1000 * (1 + list(FAMILIES).index(family)))
+
+
+if __name__ == "__main__":
+    main()
