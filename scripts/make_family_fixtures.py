@@ -5,8 +5,9 @@ Regenerate (CPU only, a few seconds):
     python3 -m pip install torch transformers safetensors      # CPU torch is enough
     python3 scripts/make_family_fixtures.py                     # writes tests/model/fixtures/families/<family>/
     python3 scripts/make_family_fixtures.py --check             # reloads and re-verifies each fixture
-Made with torch 2.15.0, transformers 5.25.0, safetensors 0.8.0 (Python 3.11.7), the versions the script records in
-each expected.safetensors' metadata. Other versions may differ in the last bits; the check (--check) tells.
+Made with torch 2.15.0 (the +cu132 wheel, run on CPU), transformers 5.25.0, safetensors 0.8.0, Python 3.11.7, as
+recorded in each expected.safetensors' metadata (`generated_by`). Regenerating with the same versions reproduces the
+files byte for byte; other versions may differ in the last bits, which --check reports.
 
 Each tests/model/fixtures/families/<family>/ holds a tiny randomly initialised model (fixed seeds) as a Hugging Face
 directory, config.json (classic field names: rope_theta, rope_scaling, rope_local_base_freq, as the published
@@ -306,9 +307,10 @@ def write_family_with_seed(family: str, out: pathlib.Path, seed: int) -> None:
 
 
 def versions() -> dict:
-    return {"torch": torch.__version__, "transformers": transformers.__version__,
-            "safetensors": safetensors.__version__, "python": sys.version.split()[0],
-            "generator": "scripts/make_family_fixtures.py"}
+    """One metadata entry (safetensors writes a map's keys in no fixed order; one key keeps the bytes reproducible)."""
+    return {"generated_by": json.dumps({"script": "scripts/make_family_fixtures.py", "torch": torch.__version__,
+                                        "transformers": transformers.__version__,
+                                        "safetensors": safetensors.__version__, "python": sys.version.split()[0]})}
 
 
 def check_family(family: str, out: pathlib.Path) -> None:
