@@ -5,6 +5,10 @@ Regenerate (CPU only, a few seconds):
     python3 -m pip install torch transformers safetensors      # CPU torch is enough
     python3 scripts/make_family_fixtures.py                     # writes tests/model/fixtures/families/<family>/
     python3 scripts/make_family_fixtures.py --check             # reloads and re-verifies each fixture
+  with the GGUF variants (llama, gemma2, gemma3, phi3), converted by llama.cpp's own converter classes:
+    python3 -m pip download --no-binary :all: --no-deps llama-cpp-python -d /tmp/lcpp   # 0.3.36 used
+    tar xzf /tmp/lcpp/llama_cpp_python-*.tar.gz -C /tmp/lcpp && python3 -m pip install sentencepiece
+    python3 scripts/make_family_fixtures.py --llama-cpp /tmp/lcpp/llama_cpp_python-*/vendor/llama.cpp
 Made with torch 2.15.0 (the +cu132 wheel, run on CPU), transformers 5.25.0, safetensors 0.8.0, Python 3.11.7, as
 recorded in each expected.safetensors' metadata (`generated_by`). Regenerating with the same versions reproduces the
 files byte for byte; other versions may differ in the last bits, which --check reports.
@@ -14,7 +18,7 @@ directory, config.json (classic field names: rope_theta, rope_scaling, rope_loca
 checkpoints have them, not transformers 5's rope_parameters) and model.safetensors (bf16), plus expected.safetensors:
     tokens  int32 [24]        a fixed token sequence, longer than every sliding window
     logits  f32 [24, vocab]   one float32 forward over all 24 tokens, attn_implementation="eager"
-    greedy  int32 [16]        model.generate(do_sample=False) in float32 continuing `tokens` (no EOS stop)
+    greedy  int32 [16]        model.generate(do_sample=False) in float32 continuing `tokens` (never the eos id)
 The weights were drawn from seeded normals, then rounded to bf16: the stored bf16 weights are exactly what the f32
 reference computes with. Norm weights are drawn around 1 (gemma: w around 0, as its norms apply 1 + w; gemma's final
 norm w around 2, so its small tied embeddings still give logits big enough for softcapping), so nothing is degenerate.
@@ -23,12 +27,20 @@ no greedy step is a near tie (top-1 minus top-2 logit >= MIN_MARGIN), so an impl
 `logits` must reproduce `greedy`; greedy has >= MIN_DISTINCT distinct ids (not one id repeated); and each feature in
 the family's `ablations` matters (changing that config.json field moves some logit by more than BITE). A seed that
 fails the greedy conditions is skipped for the next one (deterministically); the seed used is printed.
-Sizes (bytes): model.safetensors 118-144 K, expected.safetensors 12.8 K, config.json < 1 K; each directory <= 154 KiB.
+GGUF variants (--llama-cpp): model.gguf (bf16 matrices, f32 norms and rope factors, as the converter writes them;
+a stub vocabulary since the fixtures have no tokenizer, see write_gguf). llama.cpp reads the gemma GGUFs as a
+slightly different model than config.json says (no query_pre_attn_scalar in GGUF: scale 1/sqrt(head_dim); no gemma3
+layer pattern: 6, so both layers slide), so gemma2 and gemma3 also get expected_gguf.safetensors, the HF logits and
+greedy of that llama.cpp view (llama_cpp_gguf_view; it is in the file's metadata). For llama and phi3 the GGUF means
+the same model and expected.safetensors applies (phi3: as long as the short rope factors are used, which HF does
+for every position < original_max_position_embeddings 64; llama.cpp picks by context size).
+Sizes (bytes): model.safetensors 118-143 K, model.gguf 122-137 K, expected*.safetensors 12.9 K, config.json < 1 K;
+HF part of each directory <= 153 KiB, whole directory <= 287 KiB (gemma3 with both expectations).
 
 Every family: 2 layers, hidden 64, 4 heads, 2 KV heads (GQA 2), head_dim 16 and intermediate 64 unless said
-(qwen3 and gemma3: head_dim 32, intermediate 32, to stay small), vocab 128, max_position_embeddings 128,
-rms_norm_eps 1e-6 (phi3 1e-5), bos 1, eos 2, pad 0. What each fixture exercises, with the transformers config fields
-("ablation-checked": the script verifies the feature changes the logits):
+(qwen3: head_dim 32, intermediate 32; gemma3: head_dim 32, intermediate 16; to stay small), vocab 128,
+max_position_embeddings 128, rms_norm_eps 1e-6 (phi3 1e-5), bos 1, eos 2, pad 0. What each fixture exercises, with
+the transformers config fields ("ablation-checked": the script verifies the feature changes the logits):
   llama    LlamaForCausalLM; untied lm_head (tie_word_embeddings false); rope_theta 500000 with rope_scaling
            {rope_type llama3, factor 8, low_freq_factor 1, high_freq_factor 4, original_max_position_embeddings 64}:
            head_dim 16 has wavelengths in all three llama3 regimes (kept, smoothed, divided by factor);
@@ -42,7 +54,7 @@ rms_norm_eps 1e-6 (phi3 1e-5), bos 1, eos 2, pad 0. What each fixture exercises,
   gemma2   Gemma2ForCausalLM; tied; layer_types left out as in the published checkpoints (default: even layers
            sliding, so layer 0 sliding, layer 1 full); sliding_window 6; query_pre_attn_scalar 24 (!= head_dim 16);
            attn_logit_softcapping 5.0 and final_logit_softcapping 3.0 and the window, each ablation-checked
-           (pre-cap final logits reach 4.3); (1 + w) RMSNorms incl. pre/post feedforward norms;
+           (pre-cap final logits reach 4.5); (1 + w) RMSNorms incl. pre/post feedforward norms;
            embeddings times sqrt(64);
            hidden_activation gelu_pytorch_tanh.
   gemma3   Gemma3ForCausalLM (model_type gemma3_text); tied; head_dim 32; layer_types [sliding_attention,
@@ -61,6 +73,7 @@ import argparse
 import json
 import math
 import pathlib
+import shutil
 import sys
 import tempfile
 
@@ -73,6 +86,7 @@ T = 24          # prompt length, > every sliding window (6)
 N_GREEDY = 16   # greedy continuation length
 MIN_MARGIN = 2e-2  # smallest allowed top-1 minus top-2 logit at a greedy step
 MIN_DISTINCT = 6   # fewest distinct ids in the greedy continuation (a repeated id tests little)
+SEED_TRIES = 200  # seeds tried per family before giving up
 BITE = 1e-1     # a softcap must move some logit by more than this to count as exercised
 LOGIT_RTOL = 1e-5  # --check: reloaded logits vs the stored ones (same library, same machine: near bit-exact)
 
@@ -139,7 +153,7 @@ FAMILIES = {
         "gemma_norm": True,
         "config": {
             "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text",
-            "head_dim": 32, "intermediate_size": 32,
+            "head_dim": 32, "intermediate_size": 16,
             "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": True, "attention_bias": False,
             "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0,
             "rope_scaling": {"rope_type": "linear", "factor": 2.0},
@@ -221,13 +235,16 @@ def greedy(model, tokens: torch.Tensor) -> torch.Tensor:
 
 
 class NearTie(Exception):
-    """A seed whose greedy continuation is fragile (near tie) or uninformative (one id repeated)."""
+    """A seed whose greedy continuation is fragile (near tie), uninformative (one id repeated) or stops (eos)."""
 
 
 def verify(family: str, directory: pathlib.Path, logits: torch.Tensor, cont: torch.Tensor, tokens: torch.Tensor,
-           model) -> list[str]:
+           model, ablations: bool = True) -> list[str]:
     """Checks that the fixture is non-degenerate and that its greedy tokens are robust; returns notes for the log."""
     notes = []
+    eos = model.config.eos_token_id
+    if eos in cont.tolist():  # generate stops there (it keeps the config's eos), as lowbit's generator would
+        raise NearTie(f"{family}: greedy {cont.tolist()} emits the eos id {eos}")
     if cont.numel() != N_GREEDY:
         sys.exit(f"{family}: generate gave {cont.numel()} tokens, not {N_GREEDY}")
     # Greedy must be the argmax of one uncached forward over prompt + continuation (cache and no cache agree),
@@ -245,16 +262,13 @@ def verify(family: str, directory: pathlib.Path, logits: torch.Tensor, cont: tor
     # Also check that logits of the prompt forward equal those of the longer forward (causality).
     if not torch.allclose(full[:T], logits, rtol=1e-5, atol=1e-5):
         sys.exit(f"{family}: the prompt's logits change when more tokens follow")
-    eos = model.config.eos_token_id
-    if eos in cont.tolist():
-        sys.exit(f"{family}: greedy emits the eos id {eos}; an EOS-stopping generator would stop early")
     spread = float(logits.std())
     if spread < 0.3:
         sys.exit(f"{family}: logits std {spread:.3g} is degenerate")
     notes.append(f"logits std {spread:.3f}, min greedy margin {margin:.3f}")
     # Each feature named in `ablations` must matter: the same weights with that config.json field changed give
     # logits that differ by more than BITE.
-    for field, value in FAMILIES[family].get("ablations", {}).items():
+    for field, value in (FAMILIES[family].get("ablations", {}) if ablations else {}).items():
         with tempfile.TemporaryDirectory() as tmp:
             ablated = pathlib.Path(tmp)
             (ablated / "config.json").write_text(json.dumps({**family_config(family), field: value}))
@@ -269,12 +283,12 @@ def verify(family: str, directory: pathlib.Path, logits: torch.Tensor, cont: tor
 
 def write_family(family: str, out: pathlib.Path, first_seed: int) -> None:
     """Tries seeds first_seed, first_seed + 1, ... until the greedy continuation has no near tie."""
-    for seed in range(first_seed, first_seed + 20):
+    for seed in range(first_seed, first_seed + SEED_TRIES):
         try:
             return write_family_with_seed(family, out, seed)
         except NearTie as e:
             print(f"{e}; seed {seed} rejected")
-    sys.exit(f"{family}: no seed in [{first_seed}, {first_seed + 20}) avoids near ties")
+    sys.exit(f"{family}: no seed in [{first_seed}, {first_seed + SEED_TRIES}) avoids near ties")
 
 
 def write_family_with_seed(family: str, out: pathlib.Path, seed: int) -> None:
@@ -298,6 +312,7 @@ def write_family_with_seed(family: str, out: pathlib.Path, seed: int) -> None:
     logits = forward_logits(reference, tokens)
     cont = greedy(reference, tokens)
     notes = verify(family, directory, logits, cont, tokens, reference)
+    write_gguf_expectation(family, directory)
     safetensors.torch.save_file(
         {"tokens": tokens.to(torch.int32), "logits": logits.contiguous(), "greedy": cont.to(torch.int32)},
         directory / "expected.safetensors", metadata=versions())
@@ -313,9 +328,144 @@ def versions() -> dict:
                                         "safetensors": safetensors.__version__, "python": sys.version.split()[0]})}
 
 
+# Families converted to GGUF with --llama-cpp: the new ones, plus llama for the converter's q/k row permutation.
+GGUF_FAMILIES = ("llama", "gemma2", "gemma3", "phi3")
+
+
+def llama_cpp_gguf_view(family: str) -> dict:
+    """The config.json changes that make HF compute what llama.cpp computes from the converter's GGUF.
+
+    The converter writes neither query_pre_attn_scalar nor the gemma3 layer pattern: llama.cpp scales by
+    1/sqrt(head_dim) (gemma2.cpp, gemma3.cpp; 1/sqrt(hidden/heads) only for the 27B sizes) and takes gemma3's
+    pattern as 6 (layer i slides iff i % 6 < 5), so both layers of the 2-layer fixture slide.
+    """
+    config = family_config(family)
+    if family == "gemma2":
+        return {"query_pre_attn_scalar": config["head_dim"]}
+    if family == "gemma3":
+        return {"query_pre_attn_scalar": config["head_dim"],
+                "layer_types": ["sliding_attention" if i % 6 < 5 else "full_attention"
+                                for i in range(config["num_hidden_layers"])]}
+    return {}
+
+
+def write_gguf_expectation(family: str, directory: pathlib.Path) -> None:
+    """expected_gguf.safetensors: the HF logits of the model as llama.cpp reads the converter's GGUF of it.
+
+    Written only where that differs from config.json (llama_cpp_gguf_view); raises NearTie like verify, so the seed
+    search also keeps these greedy steps clear.
+    """
+    view = llama_cpp_gguf_view(family)
+    if not view:
+        return
+    config_json = family_config(family)
+    with tempfile.TemporaryDirectory() as tmp:
+        viewed = pathlib.Path(tmp)
+        (viewed / "config.json").write_text(json.dumps({**config_json, **view}))
+        (viewed / "model.safetensors").symlink_to((directory / "model.safetensors").resolve())
+        model = load_reference(viewed)
+        tokens = fixed_tokens(config_json["vocab_size"])
+        logits = forward_logits(model, tokens)
+        cont = greedy(model, tokens)
+        notes = verify(family, viewed, logits, cont, tokens, model, ablations=False)
+    safetensors.torch.save_file({"tokens": tokens.to(torch.int32), "logits": logits.contiguous(),
+                                 "greedy": cont.to(torch.int32)},
+                                directory / "expected_gguf.safetensors",
+                                metadata={**versions(), "llama_cpp_view": json.dumps(view)})
+    print(f"{family}: llama.cpp view {view}: {', '.join(notes)}; greedy {cont.tolist()}")
+
+
+def write_gguf(family: str, out: pathlib.Path, llama_cpp: pathlib.Path) -> None:
+    """Converts out/<family> to out/<family>/model.gguf with llama.cpp's own convert_hf_to_gguf classes (bf16).
+
+    The converter needs a tokenizer; these fixtures have none, so set_vocab is replaced by a stub vocabulary of
+    `vocab_size` pieces "<i>" (tokenizer model "llama", scores 0, normal types, bos/eos from config.json), and gemma3's
+    embedding-row truncation reads the vocabulary size from a stub tokenizer.json of the same size (no truncation).
+    Everything else (tensor names, norm +1, q/k permutation, fused tensors, rope factors, metadata) is the
+    converter's. Where llama.cpp reads the GGUF differently from HF's config (see llama_cpp_gguf_view), the HF
+    logits of that view are in expected_gguf.safetensors (write_gguf_expectation, written with the HF fixture).
+    """
+    sys.path[:0] = [str(llama_cpp / "gguf-py"), str(llama_cpp)]
+    import gguf  # noqa: E402  (llama.cpp's own gguf-py, matching its converter)
+    from conversion import ModelBase, get_model_class  # noqa: E402
+
+    directory = out / family
+    config_json = family_config(family)
+    vocab = config_json["vocab_size"]
+    with tempfile.TemporaryDirectory() as tmp:
+        hf = pathlib.Path(tmp) / f"{family}-fixture"  # the converter names the model after its directory
+        hf.mkdir()
+        shutil.copy(directory / "config.json", hf / "config.json")
+        shutil.copy(directory / "model.safetensors", hf / "model.safetensors")
+        (hf / "tokenizer.json").write_text(json.dumps({"model": {"vocab": {f"<{i}>": i for i in range(vocab)}},
+                                                       "added_tokens": []}))
+        hparams = ModelBase.load_hparams(hf, False)
+        converter_class = get_model_class(hparams["architectures"][0])
+        converter = converter_class(hf, gguf.LlamaFileType.MOSTLY_BF16, directory / "model.gguf", eager=True)
+
+        def stub_vocab(self) -> None:
+            self.gguf_writer.add_tokenizer_model("llama")
+            self.gguf_writer.add_tokenizer_pre("default")
+            self.gguf_writer.add_token_list([f"<{i}>".encode() for i in range(vocab)])
+            self.gguf_writer.add_token_scores([0.0] * vocab)
+            self.gguf_writer.add_token_types([gguf.TokenType.NORMAL] * vocab)
+            self.gguf_writer.add_bos_token_id(config_json["bos_token_id"])
+            self.gguf_writer.add_eos_token_id(config_json["eos_token_id"])
+
+        converter.set_vocab = stub_vocab.__get__(converter)
+        converter.write()
+    describe_gguf(family, directory)
+
+
+def describe_gguf(family: str, directory: pathlib.Path) -> None:
+    """Prints how each GGUF tensor relates to the HF tensor it came from (the converter's transformations)."""
+    import gguf  # noqa: E402
+    reader = gguf.GGUFReader(directory / "model.gguf")
+    hf = safetensors.torch.load_file(directory / "model.safetensors")
+    config = family_config(family)
+    relations = {}
+    for t in reader.tensors:
+        data = torch.from_numpy(t.data.copy())
+        if t.tensor_type == gguf.GGMLQuantizationType.BF16:
+            data = data.view(torch.int16).view(torch.bfloat16)
+        data = data.float().reshape(tuple(reversed([int(n) for n in t.shape])))
+        found = "no HF source"
+        for name, source in hf.items():
+            source = source.float()
+            if source.shape != data.shape:
+                continue
+            if torch.equal(source, data):
+                found = f"{name} as is"
+            elif torch.equal(source + 1, data):
+                found = f"{name} + 1"
+            elif source.dim() == 2 and name.endswith(("q_proj.weight", "k_proj.weight")):
+                heads = config["num_attention_heads"] if "q_proj" in name else config["num_key_value_heads"]
+                permuted = (source.reshape(heads, 2, source.shape[0] // heads // 2, -1).swapaxes(1, 2)
+                            .reshape(source.shape))
+                if torch.equal(permuted, data):
+                    found = f"{name} rows permuted (reshape(heads, 2, hd/2).swapaxes(1, 2))"
+            if found != "no HF source":
+                break
+        relations[t.name] = (t.tensor_type.name, found)
+    blk0 = {k: v for k, v in relations.items() if not k.startswith("blk.") or k.startswith("blk.0.")}
+    keys = [f.name for f in reader.fields.values() if not f.name.startswith("tokenizer.ggml.token")]
+    size = (directory / "model.gguf").stat().st_size
+    print(f"{family}: model.gguf {size} B; tensors (blk.0 shown): {blk0}; keys: {keys}")
+
+
 def check_family(family: str, out: pathlib.Path) -> None:
     directory = out / family
-    expected = safetensors.torch.load_file(directory / "expected.safetensors")
+    check_expected(family, directory, directory / "expected.safetensors")
+    if (directory / "expected_gguf.safetensors").exists():
+        with tempfile.TemporaryDirectory() as tmp:
+            viewed = pathlib.Path(tmp)
+            (viewed / "config.json").write_text(json.dumps({**family_config(family), **llama_cpp_gguf_view(family)}))
+            (viewed / "model.safetensors").symlink_to((directory / "model.safetensors").resolve())
+            check_expected(family, viewed, directory / "expected_gguf.safetensors")
+
+
+def check_expected(family: str, directory: pathlib.Path, expected_path: pathlib.Path) -> None:
+    expected = safetensors.torch.load_file(expected_path)
     reference = load_reference(directory)
     tokens = expected["tokens"].long()
     logits = forward_logits(reference, tokens)
@@ -323,7 +473,8 @@ def check_family(family: str, out: pathlib.Path) -> None:
     cont = greedy(reference, tokens)
     same_greedy = torch.equal(cont, expected["greedy"].long())
     ok = rel <= LOGIT_RTOL and same_greedy
-    print(f"{family}: max |d logit| / max |logit| {rel:.3g}, greedy {'equal' if same_greedy else 'DIFFERENT'}"
+    print(f"{family} {expected_path.name}: max |d logit| / max |logit| {rel:.3g}, "
+          f"greedy {'equal' if same_greedy else 'DIFFERENT'}"
           f" -> {'ok' if ok else 'FAIL'}")
     if not ok:
         sys.exit(1)
@@ -334,6 +485,9 @@ def main() -> None:
     root = pathlib.Path(__file__).resolve().parent.parent
     parser.add_argument("--out", type=pathlib.Path, default=root / "tests/model/fixtures/families")
     parser.add_argument("--check", action="store_true", help="reload each fixture and re-verify; write nothing")
+    parser.add_argument("--llama-cpp", type=pathlib.Path,
+                        help="llama.cpp source tree (e.g. vendor/llama.cpp of the llama-cpp-python sdist): also "
+                             f"write model.gguf for {', '.join(GGUF_FAMILIES)} with its converter")
     parser.add_argument("families", nargs="*", default=list(FAMILIES))
     args = parser.parse_args()
     torch.set_num_threads(1)  # one thread: the reduction order does not depend on the machine's core count
@@ -342,6 +496,8 @@ def main() -> None:
             check_family(family, args.out)
         else:
             write_family(family, args.out, first_seed=1000 * (1 + list(FAMILIES).index(family)))
+            if args.llama_cpp and family in GGUF_FAMILIES:
+                write_gguf(family, args.out, args.llama_cpp.resolve())
 
 
 if __name__ == "__main__":
