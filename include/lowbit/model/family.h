@@ -1,0 +1,145 @@
+// A model family as data: how its config is read and written, what its tensors are called in each format, and its
+// layer as a list of tensors with roles and a sequence of ops. The CPU forward pass (forward.cpp), the CUDA
+// runtime (cuda_model.cpp) and the quantizer (calibration, fold, pipeline) all walk the description; none of them
+// names a family or a tensor. Adding a family is one file src/model/family/<name>.cpp with its `Family` row, plus
+// that row in the table (family.cpp), plus new ops if it needs them (docs/ARCHITECTURE.md, "Adding a model family").
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "lowbit/model/config.h"
+
+namespace lowbit::io {
+class GgufFile;
+}
+
+namespace lowbit::model {
+
+// What a tensor of a layer is for. Interpreters and the quantizer find tensors by role, never by name.
+enum class Role : uint8_t {
+  attn_norm, attn_norm_bias,  // the norm before attention (gain; bias for LayerNorm)
+  q, k, v,                    // [q_dim, dim], [kv_dim, dim] x2
+  qkv,                        // fused [q | k | v] rows, [q_dim + 2 kv_dim, dim] (phi3)
+  q_bias, k_bias, v_bias,     // [q_dim], [kv_dim] x2
+  q_norm, k_norm,             // [head_dim]: a norm over each head of q and k before RoPE (qwen3, gemma3)
+  o, o_bias,                  // [dim, q_dim], [dim]
+  post_attn_norm,             // [dim]: a norm of the attention output before the residual add (gemma2/3)
+  ffn_norm, ffn_norm_bias,    // the norm before the MLP
+  gate, up,                   // [hidden, dim] x2
+  gate_up,                    // fused [gate | up] rows, [2 hidden, dim] (phi3)
+  down, down_bias,            // [dim, hidden], [dim]
+  up_bias,                    // [hidden] (plain GELU MLPs)
+  post_ffn_norm,              // [dim]: a norm of the MLP output before the residual add (gemma2/3)
+  count
+};
+std::string_view role_name(Role r);
+
+// The sizes a tensor shape is written in (resolved against a ModelConfig by dim_size).
+enum class Dim : uint8_t { none, dim, q_dim, kv_dim, qkv_dim, head_dim, hidden, gate_up_dim };
+int64_t dim_size(Dim d, const ModelConfig& c);
+
+// One tensor of a layer: its role, its name in each format (relative to the layer's prefix: "model.layers.N." in
+// HF, MLX and lowbit artifacts, "blk.N." in GGUF) and its shape. cols == Dim::none: a vector [rows].
+struct TensorSpec {
+  Role role;
+  std::string_view hf;    // e.g. "self_attn.q_proj.weight"
+  std::string_view gguf;  // e.g. "attn_q.weight"
+  Dim rows;
+  Dim cols = Dim::none;
+  bool linear() const { return cols != Dim::none; }
+};
+
+// How a norm op normalises. rms: w * x / rms(x). rms_unit_offset: (1 + w) * x / rms(x), computed in f32 as
+// Gemma does (the stored gain is HF's w; GGUF files store 1 + w and their loader subtracts 1). layer: LayerNorm,
+// (x - mean) / sqrt(var + eps) * w + b.
+enum class NormKind : uint8_t { rms, rms_unit_offset, layer };
+
+// The MLP's activation. swiglu: silu(gate) * up. geglu_tanh: gelu_tanh(gate) * up (Gemma). gelu_erf: gelu(up)
+// with no gate (plain two-layer MLP; up_bias / down_bias optional).
+enum class Activation : uint8_t { swiglu, geglu_tanh, gelu_erf };
+
+// The two registers a layer's ops work on: the residual stream x [m, dim] and the branch h [m, dim].
+enum class Reg : uint8_t { x, h };
+
+// One step of a layer.
+//   norm:      h = norm(in)               with gain `weight` (and `bias` for NormKind::layer)
+//   attention: h = attention(h)           the layer's AttentionSpec; q/k/v/o (or qkv) and their biases/norms
+//   mlp:       h = mlp(h)                 the layer's Activation; gate/up/down (or gate_up)
+//   add:       x = x + h
+// A Llama layer is {norm x attn_norm, attention, add, norm x ffn_norm, mlp, add}; a Gemma layer adds
+// {norm h post_attn_norm} before the first add and {norm h post_ffn_norm} before the second.
+struct Op {
+  enum class Kind : uint8_t { norm, attention, mlp, add } kind;
+  Reg in = Reg::x;            // norm only
+  Role weight = Role::count;  // norm only: the gain
+  Role bias = Role::count;    // norm only, NormKind::layer: the bias (Role::count: none)
+};
+
+// Attention of one layer. Scores are (q . k) * scale; with softcap > 0 they become softcap * tanh(score /
+// softcap) before the causal mask; a query at position p sees keys at max(0, p - window + 1) .. p (window 0:
+// every earlier key). RoPE uses the model's table `rope` (ModelDesc::rope_inv_freq) on the first rope_dims
+// dimensions of each head (rope_dims == head_dim unless partial rotary).
+struct AttentionSpec {
+  float scale = 1.0f;
+  float softcap = 0.0f;
+  int64_t window = 0;
+  int rope = 0;
+  int64_t rope_dims = 0;
+};
+
+struct LayerDesc {
+  std::vector<TensorSpec> tensors;  // exactly the tensors this layer holds; loaders refuse any other
+  std::vector<Op> ops;
+  AttentionSpec attention;
+  Activation activation = Activation::swiglu;
+  NormKind norm = NormKind::rms;  // every norm op of the layer, q_norm and k_norm included
+
+  const TensorSpec* find(Role r) const;
+  bool has(Role r) const { return find(r) != nullptr; }
+};
+
+// Everything a backend needs to run a model, derived once from its config by the family.
+struct ModelDesc {
+  std::vector<LayerDesc> layers;
+  std::vector<std::vector<float>> rope_inv_freq;  // per table, [rope_dims / 2]
+  RopeStyle rope_style = RopeStyle::half;
+  float embed_scale = 1.0f;     // x = embed[token] * embed_scale (Gemma: sqrt(dim) rounded as HF rounds it)
+  NormKind final_norm = NormKind::rms;
+  float final_softcap = 0.0f;   // logits = final_softcap * tanh(logits / final_softcap) when > 0
+  float norm_eps = 1e-5f;
+};
+
+// A row of the family table.
+struct Family {
+  std::string_view name;      // ModelConfig::arch and HF's model_type
+  std::string_view hf_class;  // HF "architectures" entry written on export, e.g. "LlamaForCausalLM"
+  std::span<const std::string_view> hf_aliases;    // other model_type / class names read as this family
+  std::span<const std::string_view> gguf_archs;    // GGUF general.architecture values
+  RopeStyle gguf_rope_style;                       // how a GGUF file orders q/k rows (llama.cpp permutes llama's)
+  std::string_view chat_template;                  // default template family when the model carries none
+  // Reads the family's fields after the common ones (read_common_hf / read_common_gguf) were read into c.
+  void (*parse_hf)(const nlohmann::json& hf, ModelConfig& c, std::string_view source);
+  void (*parse_gguf)(const io::GgufFile& f, const std::string& arch, ModelConfig& c);
+  // Writes the family's fields into an HF config.json object (after the common ones).
+  void (*write_hf)(const ModelConfig& c, nlohmann::json& hf);
+  // Checks the family's own constraints (exit 3 naming the field), then describes the model.
+  ModelDesc (*describe)(const ModelConfig& c, std::string_view source);
+};
+
+std::span<const Family* const> families();
+// By model_type / class name; Errc::unsupported naming the file, the field and the families known.
+const Family& find_family_hf(const nlohmann::json& hf, std::string_view source);
+const Family& find_family_gguf(std::string_view arch, std::string_view source);
+const Family& family_of(const ModelConfig& c);
+
+// The full names of a layer tensor (the layer prefix joined with the spec's name).
+std::string hf_tensor_name(int64_t layer, const TensorSpec& t);
+std::string gguf_tensor_name(int64_t layer, const TensorSpec& t);
+
+}  // namespace lowbit::model
