@@ -1,11 +1,16 @@
-# lowbit_layer(NAME [DIR subdir] DEPS ...): a static library from src/<DIR>/*.cpp.
+# lowbit_layer(NAME [DIR subdir] [SUBDIRS folder...] DEPS ...): a static library from src/<DIR>/*.cpp and
+# src/<DIR>/<folder>/*.cpp for each of SUBDIRS (the model layer's family/ folder, one file per model family).
 # Sources are globbed so that adding a file to a layer never means editing CMake.
 function(lowbit_layer name)
-  cmake_parse_arguments(L "" "DIR" "DEPS" ${ARGN})
+  cmake_parse_arguments(L "" "DIR" "DEPS;SUBDIRS" ${ARGN})
   if(NOT L_DIR)
     set(L_DIR ${name})
   endif()
-  file(GLOB sources CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/src/${L_DIR}/*.cpp)
+  set(patterns ${CMAKE_SOURCE_DIR}/src/${L_DIR}/*.cpp)
+  foreach(sub IN LISTS L_SUBDIRS)
+    list(APPEND patterns ${CMAKE_SOURCE_DIR}/src/${L_DIR}/${sub}/*.cpp)
+  endforeach()
+  file(GLOB sources CONFIGURE_DEPENDS ${patterns})
   if(NOT sources)
     # A layer with no sources yet still forwards its dependencies to the layers above it.
     add_library(lowbit_${name} INTERFACE)

@@ -43,7 +43,7 @@ double seconds_since(Clock::time_point t) { return std::chrono::duration<double>
 uint64_t matmul_bytes(const model::Model& m) {
   uint64_t bytes = 0;
   for (const model::NamedTensor& t : m.tensors) {
-    if (t.ref.shape.size() != 2 || (t.name == "model.embed_tokens.weight" && !m.config.tied_embeddings)) continue;
+    if (t.ref.shape.size() != 2 || (t.name == model::kEmbedTensor && !m.config.tied_embeddings)) continue;
     for (const auto& [role, view] : t.ref.arrays.items) bytes += view.bytes.size();
   }
   return bytes;

@@ -2,7 +2,7 @@
 // (verified, hashes checked, before anything is used).
 #include "lowbit/artifact/reader.h"
 #include "lowbit/core/error.h"
-#include "lowbit/model/architecture.h"
+#include "lowbit/model/family.h"
 #include "lowbit/model/artifact_model.h"
 
 namespace lowbit::model {
@@ -13,7 +13,10 @@ std::unique_ptr<Model> load_artifact_model(const std::filesystem::path& dir, con
   if (options.max_seq) c.max_seq = std::min(c.max_seq, *options.max_seq);
   ModelBuilder b;
   b.keep_alive(art);
-  for (const std::string& name : art->tensor_names()) b.add(name, art->tensor(name));
+  // An artifact imported from a multi-part source (Phonon's audio tower) keeps the other parts' tensors; the
+  // runtime runs the text decoder.
+  for (const std::string& name : art->tensor_names())
+    if (is_decoder_tensor_name(name)) b.add(name, art->tensor(name));
   return b.finish(c, dir.string());
 }
 

@@ -46,6 +46,7 @@ void validate_config(const ModelConfig& c, std::string_view source) {
       (!(s.high_freq_factor > s.low_freq_factor) || !(s.low_freq_factor > 0) || s.original_max_position <= 0))
     fail(Errc::format, "[load_model] {}: rope_scaling needs 0 < low_freq_factor < high_freq_factor and a positive "
          "original_max_position_embeddings", source);
+  if (c.sliding_window < 0) fail(Errc::format, "[load_model] {}: sliding_window {} is negative", source, c.sliding_window);
   for (int32_t id : c.eos_ids)
     if (id < 0 || id >= c.vocab) fail(Errc::format, "[load_model] {}: eos id {} outside the vocabulary", source, id);
 }
@@ -76,42 +77,6 @@ std::vector<float> rope_inv_freq(const ModelConfig& c) {
     }
   }
   return inv;
-}
-
-nlohmann::json config_to_hf_json(const ModelConfig& c) {
-  static const char* const kClass[][2] = {{"llama", "LlamaForCausalLM"}, {"mistral", "MistralForCausalLM"},
-                                          {"qwen2", "Qwen2ForCausalLM"}, {"qwen3", "Qwen3ForCausalLM"}};
-  std::string cls = "LlamaForCausalLM";
-  for (const auto& row : kClass)
-    if (c.arch == row[0]) cls = row[1];
-  nlohmann::json j = {
-      {"architectures", {cls}},
-      {"model_type", c.arch},
-      {"hidden_size", c.dim},
-      {"num_hidden_layers", c.n_layers},
-      {"num_attention_heads", c.n_heads},
-      {"num_key_value_heads", c.n_kv_heads},
-      {"head_dim", c.head_dim},
-      {"intermediate_size", c.hidden_dim},
-      {"vocab_size", c.vocab},
-      {"max_position_embeddings", c.max_seq},
-      {"rope_theta", c.rope_theta},
-      {"rms_norm_eps", c.norm_eps},
-      {"tie_word_embeddings", c.tied_embeddings},
-      {"hidden_act", "silu"},
-      {"torch_dtype", "float32"},
-  };
-  if (c.qkv_bias) j["attention_bias"] = true;
-  if (c.bos_id) j["bos_token_id"] = *c.bos_id;
-  if (c.eos_ids.size() == 1) j["eos_token_id"] = c.eos_ids[0];
-  if (c.eos_ids.size() > 1) j["eos_token_id"] = c.eos_ids;
-  const auto& s = c.rope_scaling;
-  if (s.kind == RopeScaling::Kind::linear) j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", s.factor}};
-  if (s.kind == RopeScaling::Kind::llama3)
-    j["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", s.factor}, {"low_freq_factor", s.low_freq_factor},
-                         {"high_freq_factor", s.high_freq_factor},
-                         {"original_max_position_embeddings", s.original_max_position}};
-  return j;
 }
 
 }  // namespace lowbit::model

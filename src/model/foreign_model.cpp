@@ -6,7 +6,7 @@
 #include <cstdio>
 
 #include "lowbit/core/error.h"
-#include "lowbit/model/architecture.h"
+#include "lowbit/model/family.h"
 
 namespace lowbit::model {
 
@@ -22,9 +22,10 @@ std::unique_ptr<Model> load_foreign_model(const std::filesystem::path& dir, cons
   if (options.max_seq) c.max_seq = std::min(c.max_seq, *options.max_seq);
   ModelBuilder b;
   b.keep_alive(foreign);
-  for (const auto& [name, ref] : foreign->tensors) b.add(name, ref);
+  for (const auto& [name, ref] : foreign->tensors)
+    if (is_decoder_tensor_name(name)) b.add(name, ref);  // the rest are the parts reported above
   for (const auto& [alias, target] : foreign->aliases) {
-    if (c.tied_embeddings && alias == "lm_head.weight") continue;  // the builder ties the head itself
+    if (c.tied_embeddings && alias == kLmHeadTensor) continue;  // the builder ties the head itself
     b.add(alias, foreign->alias_target(alias, target));
   }
   return b.finish(c, source);

@@ -1,8 +1,11 @@
-// The Llama-family forward pass, llama2.c run.c style: every step spelled out, shapes in comments.
-// Reductions run in the same order as run.c (sequential f32 sums) so that a llama2.c checkpoint reproduces
-// run.c's greedy output.
+// The CPU forward pass: an interpreter of the model's description (family.h), llama2.c run.c style, shapes in
+// comments. Each layer runs its op list over two registers, the residual stream x [m, dim] and the branch
+// h [m, dim]. Reductions run in run.c's order (sequential f32 sums) so that a llama2.c checkpoint reproduces
+// run.c's greedy output. The KV cache keeps every position of every layer, sliding-window layers included
+// (they only read the window); a ring cache for them is a later optimisation.
 #include <algorithm>
 #include <cmath>
+#include <numbers>
 #include <vector>
 
 #include "lowbit/core/error.h"
@@ -13,30 +16,47 @@ namespace lowbit::model {
 
 namespace {
 
-// o (n,) = weight (n,) * x (n,) / rms(x)
-void rmsnorm(float* o, const float* x, const float* weight, int64_t n, float eps) {
+// o (n,) = norm(x (n,)) with gain w (n,) and, for LayerNorm, bias b (n,) or none. o may be x.
+void norm(float* o, const float* x, const float* w, const float* b, int64_t n, float eps, NormKind kind) {
+  if (kind == NormKind::layer) {
+    float mean = 0.0f;
+    for (int64_t j = 0; j < n; ++j) mean += x[j];
+    mean /= static_cast<float>(n);
+    float var = 0.0f;
+    for (int64_t j = 0; j < n; ++j) var += (x[j] - mean) * (x[j] - mean);
+    var /= static_cast<float>(n);
+    const float inv = 1.0f / std::sqrt(var + eps);
+    for (int64_t j = 0; j < n; ++j) o[j] = (x[j] - mean) * inv * w[j] + (b ? b[j] : 0.0f);
+    return;
+  }
   float ss = 0.0f;
   for (int64_t j = 0; j < n; ++j) ss += x[j] * x[j];
   ss /= static_cast<float>(n);
   ss += eps;
   ss = 1.0f / std::sqrt(ss);
-  for (int64_t j = 0; j < n; ++j) o[j] = weight[j] * (ss * x[j]);
+  if (kind == NormKind::rms_unit_offset)
+    for (int64_t j = 0; j < n; ++j) o[j] = (1.0f + w[j]) * (ss * x[j]);
+  else
+    for (int64_t j = 0; j < n; ++j) o[j] = w[j] * (ss * x[j]);
 }
 
-// Rows of x [m, n] normalized in place or into o [m, n].
-void rmsnorm_rows(float* o, const float* x, const std::vector<float>& weight, int64_t m, int64_t n, float eps) {
-  for (int64_t i = 0; i < m; ++i) rmsnorm(o + i * n, x + i * n, weight.data(), n, eps);
+// Rows of x [m, n] normalized into o [m, n] (o may be x); bias empty: none.
+void norm_rows(float* o, const float* x, const std::vector<float>& w, const std::vector<float>& bias, int64_t m,
+               int64_t n, float eps, NormKind kind) {
+  for (int64_t i = 0; i < m; ++i)
+    norm(o + i * n, x + i * n, w.data(), bias.empty() ? nullptr : bias.data(), n, eps, kind);
 }
 
+// y [m, n] += bias [n]; nothing when bias is empty.
 void add_bias(float* y, const std::vector<float>& bias, int64_t m) {
   const auto n = static_cast<int64_t>(bias.size());
   for (int64_t i = 0; i < m; ++i)
     for (int64_t j = 0; j < n; ++j) y[i * n + j] += bias[j];
 }
 
-// Rotates one head vec (head_dim,) at position pos.
-void rope_head(float* vec, int64_t head_dim, int64_t pos, const std::vector<float>& inv_freq, RopeStyle style) {
-  const int64_t half = head_dim / 2;
+// Rotates the first rope_dims dimensions of one head vec at position pos; the rest pass through.
+void rope_head(float* vec, int64_t rope_dims, int64_t pos, const std::vector<float>& inv_freq, RopeStyle style) {
+  const int64_t half = rope_dims / 2;
   for (int64_t j = 0; j < half; ++j) {
     const float angle = static_cast<float>(pos) * inv_freq[j];
     const float c = std::cos(angle), s = std::sin(angle);
@@ -48,45 +68,50 @@ void rope_head(float* vec, int64_t head_dim, int64_t pos, const std::vector<floa
   }
 }
 
-// Per-head RMSNorm (qwen3) then RoPE for rows x [m, heads * head_dim] at positions pos..pos+m-1.
-void prepare_heads(float* x, int64_t m, int64_t heads, int64_t pos, const ModelConfig& c,
-                   const std::vector<float>& head_norm, const std::vector<float>& inv_freq) {
+// The per-head norm (when head_norm is not empty), then RoPE, of rows x [m, heads * head_dim] at positions
+// pos..pos+m-1.
+void prepare_heads(float* x, int64_t m, int64_t heads, int64_t pos, const ModelConfig& c, const ModelDesc& d,
+                   const LayerDesc& layer, const std::vector<float>& head_norm) {
+  const AttentionSpec& a = layer.attention;
   for (int64_t i = 0; i < m; ++i)
     for (int64_t h = 0; h < heads; ++h) {
       float* v = x + (i * heads + h) * c.head_dim;
-      if (!head_norm.empty()) rmsnorm(v, v, head_norm.data(), c.head_dim, c.norm_eps);
-      rope_head(v, c.head_dim, pos + i, inv_freq, c.rope_style);
+      if (!head_norm.empty()) norm(v, v, head_norm.data(), nullptr, c.head_dim, d.norm_eps, layer.norm);
+      rope_head(v, a.rope_dims, pos + i, d.rope_inv_freq[a.rope], d.rope_style);
     }
 }
 
-// out [m, q_dim]: causal GQA attention of q [m, q_dim] at positions pos.. over the cached keys/values.
-void attention(const ModelConfig& c, const KvCache& cache, int64_t layer, const float* q, int64_t m, int64_t pos,
-               float* out, ThreadPool& pool) {
+// out [m, q_dim]: causal GQA attention of q [m, q_dim] at positions pos.. over the cached keys/values, with
+// the layer's scale, logit soft-cap and window.
+void attention(const ModelConfig& c, const AttentionSpec& spec, const KvCache& cache, int64_t layer, const float* q,
+               int64_t m, int64_t pos, float* out, ThreadPool& pool) {
   const int64_t hd = c.head_dim, group = c.n_heads / c.n_kv_heads;
-  const float scale = std::sqrt(static_cast<float>(hd));
   pool.parallel_for(static_cast<size_t>(m * c.n_heads), 1, [&](size_t b, size_t e) {
     std::vector<float> att(static_cast<size_t>(pos + m));
     for (size_t task = b; task < e; ++task) {
       const int64_t i = static_cast<int64_t>(task) / c.n_heads, h = static_cast<int64_t>(task) % c.n_heads;
       const int64_t p = pos + i, kv_off = (h / group) * hd;
+      const int64_t first = spec.window > 0 ? std::max<int64_t>(0, p - spec.window + 1) : 0;
       const float* qh = q + (i * c.n_heads + h) * hd;
       float max = -INFINITY;
-      for (int64_t t = 0; t <= p; ++t) {
+      for (int64_t t = first; t <= p; ++t) {
         const float* k = cache.key(layer, t) + kv_off;
         float score = 0.0f;
         for (int64_t d = 0; d < hd; ++d) score += qh[d] * k[d];
-        att[t] = score / scale;
+        score *= spec.scale;
+        if (spec.softcap > 0.0f) score = spec.softcap * std::tanh(score / spec.softcap);
+        att[t] = score;
         max = std::max(max, att[t]);
       }
       float sum = 0.0f;
-      for (int64_t t = 0; t <= p; ++t) {
+      for (int64_t t = first; t <= p; ++t) {
         att[t] = std::exp(att[t] - max);
         sum += att[t];
       }
-      for (int64_t t = 0; t <= p; ++t) att[t] /= sum;
+      for (int64_t t = first; t <= p; ++t) att[t] /= sum;
       float* o = out + (i * c.n_heads + h) * hd;
       std::fill(o, o + hd, 0.0f);
-      for (int64_t t = 0; t <= p; ++t) {
+      for (int64_t t = first; t <= p; ++t) {
         const float* v = cache.value(layer, t) + kv_off;
         for (int64_t d = 0; d < hd; ++d) o[d] += att[t] * v[d];
       }
@@ -94,12 +119,20 @@ void attention(const ModelConfig& c, const KvCache& cache, int64_t layer, const 
   });
 }
 
+float gelu_tanh(float x) {
+  const float k = std::sqrt(2.0f / std::numbers::pi_v<float>);
+  return 0.5f * x * (1.0f + std::tanh(k * (x + 0.044715f * x * x * x)));
+}
+
+float gelu_erf(float x) { return 0.5f * x * (1.0f + std::erf(x / std::numbers::sqrt2_v<float>)); }
+
+// Working memory for m rows, sized for the widest layer.
 struct Scratch {
-  std::vector<float> x, xb, q, k, v, att, hb, hb2;
+  std::vector<float> x, h, q, k, v, qkv, att, hb, hb2, fused;
   Scratch(const ModelConfig& c, int64_t m) {
     const auto n = [m](int64_t w) { return static_cast<size_t>(m * w); };
     x.resize(n(c.dim));
-    xb.resize(n(c.dim));
+    h.resize(n(c.dim));
     q.resize(n(c.q_dim()));
     k.resize(n(c.kv_dim()));
     v.resize(n(c.kv_dim()));
@@ -109,44 +142,102 @@ struct Scratch {
   }
 };
 
-void attention_block(const Model& model, const LayerWeights& w, int64_t l, KvCache& cache, Scratch& s, int64_t m,
-                     int64_t pos, ThreadPool& pool) {
-  const ModelConfig& c = model.config;
-  rmsnorm_rows(s.xb.data(), s.x.data(), w.attn_norm, m, c.dim, c.norm_eps);
-  // q [m, q_dim], k and v [m, kv_dim] = xb [m, dim] @ W^T
-  w.wq->matmul(s.xb.data(), m, s.q.data(), pool);
-  w.wk->matmul(s.xb.data(), m, s.k.data(), pool);
-  w.wv->matmul(s.xb.data(), m, s.v.data(), pool);
-  if (c.qkv_bias) {
-    add_bias(s.q.data(), w.q_bias, m);
-    add_bias(s.k.data(), w.k_bias, m);
-    add_bias(s.v.data(), w.v_bias, m);
+// Splits rows of a fused [m, sum(widths)] matrix into its parts.
+void split_rows(const std::vector<float>& fused, int64_t m, std::initializer_list<std::pair<float*, int64_t>> parts) {
+  int64_t width = 0;
+  for (const auto& [dst, w] : parts) width += w;
+  for (int64_t i = 0; i < m; ++i) {
+    const float* row = fused.data() + i * width;
+    for (const auto& [dst, w] : parts) {
+      std::copy_n(row, w, dst + i * w);
+      row += w;
+    }
   }
-  prepare_heads(s.q.data(), m, c.n_heads, pos, c, w.q_norm, model.rope_inv_freq);
-  prepare_heads(s.k.data(), m, c.n_kv_heads, pos, c, w.k_norm, model.rope_inv_freq);
+}
+
+// h [m, dim] = attention(h): projections, biases, q/k norms, RoPE, the cache, attention, output projection.
+void attention_op(const Model& model, const LayerDesc& desc, const LayerWeights& w, int64_t l, KvCache& cache,
+                  Scratch& s, int64_t m, int64_t pos, ThreadPool& pool) {
+  const ModelConfig& c = model.config;
+  // q [m, q_dim], k and v [m, kv_dim] = h [m, dim] @ W^T (or one fused [m, q_dim + 2 kv_dim] product, split)
+  if (const kernels::CpuLinear* qkv = w.linear(Role::qkv)) {
+    s.fused.resize(static_cast<size_t>(m * (c.q_dim() + 2 * c.kv_dim())));
+    qkv->matmul(s.h.data(), m, s.fused.data(), pool);
+    split_rows(s.fused, m, {{s.q.data(), c.q_dim()}, {s.k.data(), c.kv_dim()}, {s.v.data(), c.kv_dim()}});
+  } else {
+    w.linear(Role::q)->matmul(s.h.data(), m, s.q.data(), pool);
+    w.linear(Role::k)->matmul(s.h.data(), m, s.k.data(), pool);
+    w.linear(Role::v)->matmul(s.h.data(), m, s.v.data(), pool);
+  }
+  add_bias(s.q.data(), w.vector(Role::q_bias), m);
+  add_bias(s.k.data(), w.vector(Role::k_bias), m);
+  add_bias(s.v.data(), w.vector(Role::v_bias), m);
+  prepare_heads(s.q.data(), m, c.n_heads, pos, c, model.desc, desc, w.vector(Role::q_norm));
+  prepare_heads(s.k.data(), m, c.n_kv_heads, pos, c, model.desc, desc, w.vector(Role::k_norm));
   for (int64_t i = 0; i < m; ++i) {
     std::copy_n(s.k.data() + i * c.kv_dim(), c.kv_dim(), cache.key(l, pos + i));
     std::copy_n(s.v.data() + i * c.kv_dim(), c.kv_dim(), cache.value(l, pos + i));
   }
-  attention(c, cache, l, s.q.data(), m, pos, s.att.data(), pool);
-  // x [m, dim] += att [m, q_dim] @ Wo^T
-  w.wo->matmul(s.att.data(), m, s.xb.data(), pool);
-  for (size_t j = 0; j < s.x.size(); ++j) s.x[j] += s.xb[j];
+  attention(c, desc.attention, cache, l, s.q.data(), m, pos, s.att.data(), pool);
+  // h [m, dim] = att [m, q_dim] @ Wo^T (+ o_bias)
+  w.linear(Role::o)->matmul(s.att.data(), m, s.h.data(), pool);
+  add_bias(s.h.data(), w.vector(Role::o_bias), m);
 }
 
-void mlp_block(const ModelConfig& c, const LayerWeights& w, Scratch& s, int64_t m, ThreadPool& pool) {
-  rmsnorm_rows(s.xb.data(), s.x.data(), w.ffn_norm, m, c.dim, c.norm_eps);
-  // hb = silu(xb @ Wgate^T) * (xb @ Wup^T)   [m, hidden]
-  w.gate->matmul(s.xb.data(), m, s.hb.data(), pool);
-  w.up->matmul(s.xb.data(), m, s.hb2.data(), pool);
-  for (size_t j = 0; j < s.hb.size(); ++j) {
-    float val = s.hb[j];
-    val *= 1.0f / (1.0f + std::exp(-val));
-    s.hb[j] = val * s.hb2[j];
+// h [m, dim] = mlp(h): gated (swiglu, geglu_tanh: act(h @ Wgate^T) * (h @ Wup^T)) or plain (gelu_erf:
+// gelu(h @ Wup^T + up_bias)), then @ Wdown^T (+ down_bias).
+void mlp_op(const ModelConfig& c, const LayerDesc& desc, const LayerWeights& w, Scratch& s, int64_t m,
+            ThreadPool& pool) {
+  const int64_t hidden = c.hidden_dim;
+  if (desc.activation == Activation::gelu_erf) {
+    w.linear(Role::up)->matmul(s.h.data(), m, s.hb.data(), pool);
+    add_bias(s.hb.data(), w.vector(Role::up_bias), m);
+    for (float& val : s.hb) val = gelu_erf(val);
+  } else {
+    // hb = gate [m, hidden], hb2 = up [m, hidden] (or one fused [m, 2 hidden] product, split)
+    if (const kernels::CpuLinear* gate_up = w.linear(Role::gate_up)) {
+      s.fused.resize(static_cast<size_t>(m * 2 * hidden));
+      gate_up->matmul(s.h.data(), m, s.fused.data(), pool);
+      split_rows(s.fused, m, {{s.hb.data(), hidden}, {s.hb2.data(), hidden}});
+    } else {
+      w.linear(Role::gate)->matmul(s.h.data(), m, s.hb.data(), pool);
+      w.linear(Role::up)->matmul(s.h.data(), m, s.hb2.data(), pool);
+    }
+    if (desc.activation == Activation::swiglu) {
+      for (size_t j = 0; j < s.hb.size(); ++j) {
+        float val = s.hb[j];
+        val *= 1.0f / (1.0f + std::exp(-val));
+        s.hb[j] = val * s.hb2[j];
+      }
+    } else {
+      for (size_t j = 0; j < s.hb.size(); ++j) s.hb[j] = gelu_tanh(s.hb[j]) * s.hb2[j];
+    }
   }
-  // x [m, dim] += hb [m, hidden] @ Wdown^T
-  w.down->matmul(s.hb.data(), m, s.xb.data(), pool);
-  for (size_t j = 0; j < s.x.size(); ++j) s.x[j] += s.xb[j];
+  // h [m, dim] = hb [m, hidden] @ Wdown^T (+ down_bias)
+  w.linear(Role::down)->matmul(s.hb.data(), m, s.h.data(), pool);
+  add_bias(s.h.data(), w.vector(Role::down_bias), m);
+}
+
+void run_layer(const Model& model, int64_t l, KvCache& cache, Scratch& s, int64_t m, int64_t pos, ThreadPool& pool) {
+  const ModelConfig& c = model.config;
+  const LayerDesc& desc = model.desc.layers[l];
+  const LayerWeights& w = model.layers[l];
+  for (const Op& op : desc.ops) {
+    switch (op.kind) {
+      case Op::Kind::norm: {
+        const std::vector<float>& in = op.in == Reg::x ? s.x : s.h;
+        static const std::vector<float> kNone;
+        const std::vector<float>& bias = op.bias == Role::count ? kNone : w.vector(op.bias);
+        norm_rows(s.h.data(), in.data(), w.vector(op.weight), bias, m, c.dim, model.desc.norm_eps, desc.norm);
+        break;
+      }
+      case Op::Kind::attention: attention_op(model, desc, w, l, cache, s, m, pos, pool); break;
+      case Op::Kind::mlp: mlp_op(c, desc, w, s, m, pool); break;
+      case Op::Kind::add:
+        for (size_t j = 0; j < s.x.size(); ++j) s.x[j] += s.h[j];
+        break;
+    }
+  }
 }
 
 }  // namespace
@@ -160,10 +251,7 @@ void forward_layers(const Model& model, KvCache& cache, float* x, int64_t m, int
     fail(Errc::internal, "[forward] layers {}..{} outside 0..{}", layer_begin, layer_end, c.n_layers);
   Scratch s(c, m);
   std::copy_n(x, m * c.dim, s.x.data());
-  for (int64_t l = layer_begin; l < layer_end; ++l) {
-    attention_block(model, model.layers[l], l, cache, s, m, pos, pool);
-    mlp_block(c, model.layers[l], s, m, pool);
-  }
+  for (int64_t l = layer_begin; l < layer_end; ++l) run_layer(model, l, cache, s, m, pos, pool);
   std::copy_n(s.x.data(), m * c.dim, x);
 }
 
@@ -171,15 +259,21 @@ void forward(const Model& model, KvCache& cache, std::span<const int32_t> tokens
              bool all_logits, ThreadPool& pool) {
   if (model.device) return model.device->forward(cache, tokens, pos, logits, all_logits);
   const ModelConfig& c = model.config;
+  const ModelDesc& d = model.desc;
   const auto m = static_cast<int64_t>(tokens.size());
   std::vector<float> x(static_cast<size_t>(m * c.dim));
   model.embed->gather_rows(tokens, x.data());  // x [m, dim]
+  if (d.embed_scale != 1.0f)
+    for (float& val : x) val *= d.embed_scale;
   forward_layers(model, cache, x.data(), m, pos, 0, c.n_layers, pool);
-  // logits [rows, vocab] = rmsnorm(x)[rows] @ Wlm^T, for every row or just the last one
+  // logits [rows, vocab] = norm(x)[rows] @ Wlm^T, for every row or just the last one
   const int64_t first = all_logits ? 0 : m - 1, rows = m - first;
   std::vector<float> xn(static_cast<size_t>(rows * c.dim));
-  rmsnorm_rows(xn.data(), x.data() + first * c.dim, model.final_norm, rows, c.dim, c.norm_eps);
+  norm_rows(xn.data(), x.data() + first * c.dim, model.final_norm, model.final_norm_bias, rows, c.dim, d.norm_eps,
+            d.final_norm);
   model.lm_head->matmul(xn.data(), rows, logits, pool);
+  if (d.final_softcap > 0.0f)
+    for (int64_t j = 0; j < rows * c.vocab; ++j) logits[j] = d.final_softcap * std::tanh(logits[j] / d.final_softcap);
 }
 
 }  // namespace lowbit::model

@@ -1,117 +1,29 @@
 #include "lowbit/model/gguf_model.h"
 
 #include <algorithm>
-#include <cmath>
 #include <fstream>
+#include <unordered_map>
 
 #include <fmt/format.h>
 
 #include "lowbit/core/error.h"
+#include "lowbit/model/family.h"
 #include "lowbit/model/tokenizers.h"
 
 namespace lowbit::model {
 namespace {
 
-struct ArchKeys {
-  std::string_view gguf;  // general.architecture
-  RopeStyle rope_style;
-  bool qkv_bias;
-  bool qk_norm;
-};
-
-constexpr ArchKeys kArchs[] = {
-    {"llama", RopeStyle::interleaved, false, false},
-    {"mistral", RopeStyle::interleaved, false, false},
-    {"qwen2", RopeStyle::half, true, false},
-    {"qwen3", RopeStyle::half, false, true},
-};
-
-int64_t required(const io::GgufFile& f, const std::string& key) {
-  const auto v = f.get_uint(key);
-  if (!v) fail(Errc::format, "[gguf] {}: metadata '{}' is missing", f.source(), key);
-  if (*v > (1ull << 40)) fail(Errc::limit, "[gguf] {}: metadata '{}' is {}", f.source(), key, *v);
-  return static_cast<int64_t>(*v);
-}
-
-// llama.cpp stores Llama-3.1-style RoPE scaling not as parameters but as a tensor of per-frequency divisors
-// (rope_freqs.weight, [head_dim / 2]). The parameters are recovered by checking every divisor against HF's
-// "llama3" rule with the factor read off the lowest frequency and the usual band (low 1, high 4).
-RopeScaling llama3_from_rope_freqs(const io::GgufFile& f, const io::GgufTensorInfo& t, const ModelConfig& c,
-                                   const std::string& arch) {
-  const std::vector<float> divisors = f.dequantize(t);
-  if (static_cast<int64_t>(divisors.size()) * 2 != c.head_dim)
-    fail(Errc::shape, "[gguf] {}: rope_freqs.weight has {} values for head_dim {}", f.source(), divisors.size(), c.head_dim);
-  RopeScaling s;
-  s.kind = RopeScaling::Kind::llama3;
-  s.factor = divisors.back();
-  s.low_freq_factor = 1.0;
-  s.high_freq_factor = 4.0;
-  s.original_max_position = static_cast<int64_t>(
-      f.get_uint(arch + ".rope.scaling.original_context_length").value_or(static_cast<uint64_t>(s.original_max_position)));
-  const double low_wavelen = s.original_max_position / s.low_freq_factor;
-  const double high_wavelen = s.original_max_position / s.high_freq_factor;
-  for (size_t i = 0; i < divisors.size(); ++i) {
-    const double freq = 1.0 / std::pow(c.rope_theta, 2.0 * static_cast<double>(i) / static_cast<double>(c.head_dim));
-    const double wavelen = 2 * M_PI / freq;
-    double expected = 1.0;
-    if (wavelen > low_wavelen) {
-      expected = s.factor;
-    } else if (wavelen >= high_wavelen) {
-      const double smooth = (s.original_max_position / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
-      expected = 1.0 / ((1 - smooth) / s.factor + smooth);
-    }
-    if (std::abs(divisors[i] - expected) > 1e-3 * expected)
-      fail(Errc::unsupported, "[gguf] {}: rope_freqs.weight[{}] = {} does not follow the llama3 RoPE scaling rule ({})",
-           f.source(), i, divisors[i], expected);
-  }
-  return s;
-}
-
-RopeScaling rope_scaling(const io::GgufFile& f, const std::string& arch, const ModelConfig& c) {
-  if (const auto* freqs = f.tensor("rope_freqs.weight")) return llama3_from_rope_freqs(f, *freqs, c, arch);
-  RopeScaling s;
-  const auto type = f.get_string(arch + ".rope.scaling.type");
-  if (!type || *type == "none") return s;
-  if (*type != "linear") fail(Errc::unsupported, "[gguf] {}: RoPE scaling '{}' is not supported", f.source(), *type);
-  s.kind = RopeScaling::Kind::linear;
-  s.factor = f.get_float(arch + ".rope.scaling.factor").value_or(1.0);
-  return s;
-}
-
-std::string hf_layer_name(std::string_view gguf_suffix) {
-  static const std::pair<std::string_view, std::string_view> kNames[] = {
-      {"attn_norm.weight", "input_layernorm.weight"},
-      {"ffn_norm.weight", "post_attention_layernorm.weight"},
-      {"attn_q.weight", "self_attn.q_proj.weight"},
-      {"attn_k.weight", "self_attn.k_proj.weight"},
-      {"attn_v.weight", "self_attn.v_proj.weight"},
-      {"attn_q.bias", "self_attn.q_proj.bias"},
-      {"attn_k.bias", "self_attn.k_proj.bias"},
-      {"attn_v.bias", "self_attn.v_proj.bias"},
-      {"attn_output.weight", "self_attn.o_proj.weight"},
-      {"attn_q_norm.weight", "self_attn.q_norm.weight"},
-      {"attn_k_norm.weight", "self_attn.k_norm.weight"},
-      {"ffn_gate.weight", "mlp.gate_proj.weight"},
-      {"ffn_up.weight", "mlp.up_proj.weight"},
-      {"ffn_down.weight", "mlp.down_proj.weight"},
-  };
-  for (const auto& [gguf, hf] : kNames)
-    if (gguf == gguf_suffix) return std::string(hf);
-  return {};
-}
-
-// "blk.N.attn_q.weight" -> "model.layers.N.self_attn.q_proj.weight"; empty for names the model does not use.
-std::string hf_name(const std::string& name) {
-  if (name == "token_embd.weight") return "model.embed_tokens.weight";
-  if (name == "output_norm.weight") return "model.norm.weight";
-  if (name == "output.weight") return "lm_head.weight";
-  if (name.rfind("blk.", 0) != 0) return {};
-  const size_t dot = name.find('.', 4);
-  if (dot == std::string::npos) return {};
-  const std::string layer = name.substr(4, dot - 4);
-  if (layer.empty() || !std::all_of(layer.begin(), layer.end(), ::isdigit)) return {};
-  const std::string suffix = hf_layer_name(std::string_view(name).substr(dot + 1));
-  return suffix.empty() ? std::string() : fmt::format("model.layers.{}.{}", layer, suffix);
+// GGUF tensor names -> the HF names the Model uses: the tensors outside the layers, then every layer tensor of
+// the description under its spec's GGUF name.
+std::unordered_map<std::string, std::string> hf_names(const ModelDesc& d) {
+  std::unordered_map<std::string, std::string> names{{"token_embd.weight", std::string(kEmbedTensor)},
+                                                     {"output_norm.weight", std::string(kFinalNormTensor)},
+                                                     {"output_norm.bias", std::string(kFinalNormBiasTensor)},
+                                                     {"output.weight", std::string(kLmHeadTensor)}};
+  for (size_t l = 0; l < d.layers.size(); ++l)
+    for (const TensorSpec& t : d.layers[l].tensors)
+      names.emplace(gguf_tensor_name(static_cast<int64_t>(l), t), hf_tensor_name(static_cast<int64_t>(l), t));
+  return names;
 }
 
 std::optional<int32_t> token_id_key(const io::GgufFile& f, const std::string& key, size_t n_tokens) {
@@ -188,50 +100,27 @@ bool is_gguf_file(const std::filesystem::path& path) {
   return in.read(magic, 4) && std::string_view(magic, 4) == "GGUF";
 }
 
-ModelConfig gguf_config(const io::GgufFile& f) {
-  const std::string arch = f.get_string("general.architecture").value_or("");
-  const auto* row = std::find_if(std::begin(kArchs), std::end(kArchs), [&](const auto& r) { return r.gguf == arch; });
-  if (row == std::end(kArchs))
-    fail(Errc::unsupported, "[gguf] {}: architecture '{}' is not supported (llama, mistral, qwen2, qwen3)", f.source(), arch);
-  ModelConfig c;
-  c.arch = arch;
-  c.dim = required(f, arch + ".embedding_length");
-  c.n_layers = required(f, arch + ".block_count");
-  c.n_heads = required(f, arch + ".attention.head_count");
-  c.n_kv_heads = f.get_uint(arch + ".attention.head_count_kv") ? required(f, arch + ".attention.head_count_kv") : c.n_heads;
-  c.hidden_dim = required(f, arch + ".feed_forward_length");
-  c.max_seq = f.get_uint(arch + ".context_length") ? required(f, arch + ".context_length") : 2048;
-  c.head_dim = f.get_uint(arch + ".attention.key_length") ? required(f, arch + ".attention.key_length")
-                                                          : (c.n_heads > 0 ? c.dim / c.n_heads : 0);
-  c.rope_theta = f.get_float(arch + ".rope.freq_base").value_or(10000.0);
-  c.norm_eps = static_cast<float>(f.get_float(arch + ".attention.layer_norm_rms_epsilon").value_or(1e-5));
-  c.rope_scaling = rope_scaling(f, arch, c);
-  c.rope_style = row->rope_style;
-  c.qkv_bias = row->qkv_bias;
-  c.qk_norm = row->qk_norm;
-  const auto* embed = f.tensor("token_embd.weight");
-  if (!embed || embed->ne.size() != 2) fail(Errc::format, "[gguf] {}: no 2-D token_embd.weight", f.source());
-  c.vocab = static_cast<int64_t>(embed->ne[1]);
-  c.tied_embeddings = f.tensor("output.weight") == nullptr;
-  const auto n_tokens = f.get_strings("tokenizer.ggml.tokens").value_or(std::vector<std::string>{}).size();
-  if (n_tokens > 0) {
-    c.bos_id = token_id_key(f, "tokenizer.ggml.bos_token_id", n_tokens);
-    if (auto eos = token_id_key(f, "tokenizer.ggml.eos_token_id", n_tokens)) c.eos_ids = {*eos};
-  }
-  validate_config(c, f.source());
-  return c;
-}
-
 std::unique_ptr<Model> load_gguf_model(const std::filesystem::path& path, const LoadOptions& options) {
   const auto file = io::GgufFile::open(path);
-  ModelConfig c = gguf_config(file);
+  ModelConfig c = parse_gguf_config(file);
+  const ModelDesc desc = describe_model(c, file.source());
+  const auto names = hf_names(desc);
+  // Every layer tensor of the description, for each of block_count layers, must be in the file; a missing one
+  // means a layer short of block_count (the file's other tensors are checked as they are added below).
+  for (size_t l = 0; l < desc.layers.size(); ++l)
+    for (const TensorSpec& t : desc.layers[l].tensors)
+      if (const std::string name = gguf_tensor_name(static_cast<int64_t>(l), t); !file.tensor(name))
+        fail(Errc::format, "[gguf] {}: tensor '{}' is missing ({}.block_count is {})", file.source(), name,
+             file.get_string("general.architecture").value_or(""), c.n_layers);
   if (options.max_seq) c.max_seq = std::min(c.max_seq, *options.max_seq);
   ModelBuilder b;
   for (const auto& t : file.header().tensors) {
     if (t.name == "rope_freqs.weight") continue;  // read into config.rope_scaling
-    const std::string name = hf_name(t.name);
-    if (name.empty()) fail(Errc::format, "[gguf] {}: tensor '{}' has no place in a {} model", file.source(), t.name, c.arch);
-    b.add_f32(name, t.shape(), file.dequantize(t));
+    const auto it = names.find(t.name);
+    if (it == names.end())
+      fail(Errc::format, "[gguf] {}: tensor '{}' has no place in a {} model of {} layers (block_count)", file.source(),
+           t.name, c.arch, c.n_layers);
+    b.add_f32(it->second, t.shape(), file.dequantize(t));
   }
   return b.finish(c, file.source());
 }

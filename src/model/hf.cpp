@@ -7,7 +7,7 @@
 #include "lowbit/core/error.h"
 #include "lowbit/io/json.h"
 #include "lowbit/io/safetensors.h"
-#include "lowbit/model/architecture.h"
+#include "lowbit/model/family.h"
 #include "model/json_fields.h"
 
 namespace lowbit::model {
@@ -18,7 +18,7 @@ constexpr uint64_t kMaxConfigBytes = 16 << 20;
 
 bool wanted(const std::string& name, const ModelConfig& c) {
   if (name.ends_with("rotary_emb.inv_freq")) return false;
-  if (name == "lm_head.weight" && c.tied_embeddings) return false;  // some exports store the tied copy too
+  if (name == kLmHeadTensor && c.tied_embeddings) return false;  // some exports store the tied copy too
   return true;
 }
 
@@ -28,19 +28,6 @@ void read_generation_config(const std::filesystem::path& dir, ModelConfig& c) {
   if (!std::filesystem::is_regular_file(path)) return;
   const auto j = io::read_json_file(path, "load_hf", kMaxConfigBytes);
   if (auto ids = json_ids(j, "eos_token_id", path.string()); !ids.empty()) c.eos_ids = std::move(ids);
-}
-
-// Permutes q/k rows (and their biases) to the half-rotation layout HF files use.
-std::vector<float> hf_layout_values(const Model& model, const NamedTensor& t) {
-  std::vector<float> values = codec::decode_all(t.ref);
-  const ModelConfig& c = model.config;
-  if (c.rope_style == RopeStyle::half) return values;
-  const bool q = t.name.ends_with("self_attn.q_proj.weight") || t.name.ends_with("self_attn.q_proj.bias");
-  const bool k = t.name.ends_with("self_attn.k_proj.weight") || t.name.ends_with("self_attn.k_proj.bias");
-  if (!q && !k) return values;
-  const int64_t heads = q ? c.n_heads : c.n_kv_heads;
-  const int64_t cols = t.ref.shape.size() == 2 ? t.ref.shape[1] : 1;
-  return permute_rope_rows(values, heads, c.head_dim, cols, c.rope_style, RopeStyle::half);
 }
 
 }  // namespace
@@ -98,7 +85,7 @@ void write_hf(const Model& model, const std::filesystem::path& out,
   io::SafetensorsWriter writer(out / "model.safetensors", {{"format", "pt"}});
   for (const auto& t : model.tensors) writer.declare(t.name, DType::F32, t.ref.shape);
   for (const auto& t : model.tensors) {
-    const std::vector<float> values = hf_layout_values(model, t);
+    const std::vector<float> values = decode_half_rope(model, t);
     writer.write(t.name, std::as_bytes(std::span(values)));
   }
   writer.finish();

@@ -9,6 +9,7 @@
 #include "lowbit/core/checked.h"
 #include "lowbit/core/error.h"
 #include "lowbit/core/mapped_file.h"
+#include "lowbit/model/family.h"
 
 namespace lowbit::model {
 
@@ -60,16 +61,15 @@ class Cursor {
   std::string source_;
 };
 
-// Adds layer tensors stacked as [n_layers, rows, cols] in the file under the HF name pattern.
-void add_stacked(ModelBuilder& b, Cursor& cur, const ModelConfig& c, std::string_view suffix, int64_t rows,
-                 int64_t cols) {
-  const bool vector = rows == 1;
+// Adds the tensor of one role, stored stacked [n_layers, rows, cols] in the file, for every layer.
+void add_stacked(ModelBuilder& b, Cursor& cur, const ModelConfig& c, const ModelDesc& d, Role role) {
+  const TensorSpec& spec = *d.layers.front().find(role);
+  const int64_t rows = dim_size(spec.rows, c), cols = spec.linear() ? dim_size(spec.cols, c) : 1;
+  const Shape shape = spec.linear() ? Shape{rows, cols} : Shape{rows};
   const uint64_t per_layer = static_cast<uint64_t>(rows * cols);
-  const auto all = cur.take(checked_mul(per_layer, static_cast<uint64_t>(c.n_layers), suffix), suffix);
-  for (int64_t l = 0; l < c.n_layers; ++l) {
-    const Shape shape = vector ? Shape{cols} : Shape{rows, cols};
-    b.add(fmt::format("model.layers.{}.{}", l, suffix), dense_f32_ref(shape, all.subspan(l * per_layer, per_layer)));
-  }
+  const auto all = cur.take(checked_mul(per_layer, static_cast<uint64_t>(c.n_layers), spec.hf), spec.hf);
+  for (int64_t l = 0; l < c.n_layers; ++l)
+    b.add(hf_tensor_name(l, spec), dense_f32_ref(shape, all.subspan(l * per_layer, per_layer)));
 }
 
 }  // namespace
@@ -87,24 +87,19 @@ std::unique_ptr<Model> load_llama2c(const std::filesystem::path& path, const Loa
   ModelBuilder b;
   b.keep_alive(file);
   Cursor cur(bytes.subspan(sizeof(header)), source);
-  const int64_t dim = c.dim, q = c.q_dim(), kv = c.kv_dim(), hid = c.hidden_dim;
+  const int64_t dim = c.dim;
   const auto embed = cur.take(static_cast<uint64_t>(c.vocab * dim), "token embedding");
-  b.add("model.embed_tokens.weight", dense_f32_ref({c.vocab, dim}, embed));
-  add_stacked(b, cur, c, "input_layernorm.weight", 1, dim);
-  add_stacked(b, cur, c, "self_attn.q_proj.weight", q, dim);
-  add_stacked(b, cur, c, "self_attn.k_proj.weight", kv, dim);
-  add_stacked(b, cur, c, "self_attn.v_proj.weight", kv, dim);
-  add_stacked(b, cur, c, "self_attn.o_proj.weight", dim, q);
-  add_stacked(b, cur, c, "post_attention_layernorm.weight", 1, dim);
-  add_stacked(b, cur, c, "mlp.gate_proj.weight", hid, dim);  // w1
-  add_stacked(b, cur, c, "mlp.down_proj.weight", dim, hid);  // w2
-  add_stacked(b, cur, c, "mlp.up_proj.weight", hid, dim);    // w3
-  b.add("model.norm.weight", dense_f32_ref({dim}, cur.take(static_cast<uint64_t>(dim), "final norm")));
+  b.add(std::string(kEmbedTensor), dense_f32_ref({c.vocab, dim}, embed));
+  // run.c's TransformerWeights order: rms_att, wq, wk, wv, wo, rms_ffn, w1 (gate), w2 (down), w3 (up)
+  const ModelDesc d = describe_model(c, source);
+  for (Role role : {Role::attn_norm, Role::q, Role::k, Role::v, Role::o, Role::ffn_norm, Role::gate, Role::down, Role::up})
+    add_stacked(b, cur, c, d, role);
+  b.add(std::string(kFinalNormTensor), dense_f32_ref({dim}, cur.take(static_cast<uint64_t>(dim), "final norm")));
   const auto rope_table = static_cast<uint64_t>(header[6]) * static_cast<uint64_t>(c.head_dim / 2);
   cur.skip(rope_table, "freq_cis_real");
   cur.skip(rope_table, "freq_cis_imag");
   if (!c.tied_embeddings)
-    b.add("lm_head.weight", dense_f32_ref({c.vocab, dim}, cur.take(static_cast<uint64_t>(c.vocab * dim), "classifier")));
+    b.add(std::string(kLmHeadTensor), dense_f32_ref({c.vocab, dim}, cur.take(static_cast<uint64_t>(c.vocab * dim), "classifier")));
   if (cur.remaining() != 0)
     fail(Errc::layout, "[load_llama2c] {}: {} trailing bytes after the last tensor", source, cur.remaining());
   return b.finish(c, source);

@@ -5,7 +5,7 @@
 #include "lowbit/core/error.h"
 #include "lowbit/io/json.h"
 #include "lowbit/io/safetensors.h"
-#include "lowbit/model/architecture.h"
+#include "lowbit/model/family.h"
 #include "lowbit/model/hf.h"
 
 namespace lowbit::model {
@@ -79,7 +79,7 @@ std::unique_ptr<Model> load_mlx(const std::filesystem::path& dir, const LoadOpti
   }
   for (const std::string& name : ckpt->names()) {
     if (consumed.contains(name) || name.ends_with("rotary_emb.inv_freq")) continue;
-    if (name == "lm_head.weight" && c.tied_embeddings) continue;
+    if (name == kLmHeadTensor && c.tied_embeddings) continue;
     b.add(name, dense_view_ref(ckpt->tensor(name), name, source));
   }
   return b.finish(c, dir.string());

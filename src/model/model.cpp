@@ -10,55 +10,50 @@ namespace lowbit::model {
 
 namespace {
 
-std::string layer_name(int64_t layer, std::string_view suffix) {
-  return fmt::format("model.layers.{}.{}", layer, suffix);
-}
-
+// Hands out the tensors the description names, checking each shape, and remembers which were taken so that
+// finish() can refuse the rest.
 class Preparer {
  public:
-  Preparer(Model& m, std::string_view source) : model_(m), source_(source) {}
+  Preparer(Model& m, std::string_view source) : model_(m), source_(source), used_(m.tensors.size(), false) {}
 
-  const NamedTensor& get(const std::string& name, const Shape& shape) const {
+  const NamedTensor& get(std::string_view name, const Shape& shape) {
     const NamedTensor* t = model_.find(name);
     if (!t) fail(Errc::format, "[load_model] {}: tensor '{}' is missing", source_, name);
     if (t->ref.shape != shape)
       fail(Errc::shape, "[load_model] {}: tensor '{}' has shape {}, expected {}", source_, name,
            shape_str(t->ref.shape), shape_str(shape));
+    used_[static_cast<size_t>(t - model_.tensors.data())] = true;
     return *t;
   }
-  std::unique_ptr<kernels::CpuLinear> linear(const std::string& name, int64_t rows, int64_t cols) const {
+  std::unique_ptr<kernels::CpuLinear> linear(std::string_view name, int64_t rows, int64_t cols) {
     return kernels::prepare_cpu(get(name, {rows, cols}).ref);
   }
-  std::vector<float> vec(const std::string& name, int64_t n) const { return codec::decode_all(get(name, {n}).ref); }
-  std::vector<float> optional_vec(const std::string& name, int64_t n, bool wanted) const {
-    if (!wanted) {
-      if (model_.find(name)) fail(Errc::format, "[load_model] {}: unexpected tensor '{}'", source_, name);
-      return {};
-    }
-    return vec(name, n);
+  std::vector<float> vec(std::string_view name, int64_t n) { return codec::decode_all(get(name, {n}).ref); }
+
+  // Every tensor the description did not take (a layer beyond n_layers, a bias the family has not, ...).
+  void refuse_unused() const {
+    for (size_t i = 0; i < used_.size(); ++i)
+      if (!used_[i])
+        fail(Errc::format, "[load_model] {}: tensor '{}' is not part of a {} model of {} layers", source_,
+             model_.tensors[i].name, model_.config.arch, model_.config.n_layers);
   }
 
  private:
   Model& model_;
   std::string_view source_;
+  std::vector<bool> used_;
 };
 
-void prepare_layer(const Preparer& p, const ModelConfig& c, int64_t l, LayerWeights& w) {
-  const auto name = [&](std::string_view suffix) { return layer_name(l, suffix); };
-  w.attn_norm = p.vec(name("input_layernorm.weight"), c.dim);
-  w.ffn_norm = p.vec(name("post_attention_layernorm.weight"), c.dim);
-  w.wq = p.linear(name("self_attn.q_proj.weight"), c.q_dim(), c.dim);
-  w.wk = p.linear(name("self_attn.k_proj.weight"), c.kv_dim(), c.dim);
-  w.wv = p.linear(name("self_attn.v_proj.weight"), c.kv_dim(), c.dim);
-  w.wo = p.linear(name("self_attn.o_proj.weight"), c.dim, c.q_dim());
-  w.q_bias = p.optional_vec(name("self_attn.q_proj.bias"), c.q_dim(), c.qkv_bias);
-  w.k_bias = p.optional_vec(name("self_attn.k_proj.bias"), c.kv_dim(), c.qkv_bias);
-  w.v_bias = p.optional_vec(name("self_attn.v_proj.bias"), c.kv_dim(), c.qkv_bias);
-  w.q_norm = p.optional_vec(name("self_attn.q_norm.weight"), c.head_dim, c.qk_norm);
-  w.k_norm = p.optional_vec(name("self_attn.k_norm.weight"), c.head_dim, c.qk_norm);
-  w.gate = p.linear(name("mlp.gate_proj.weight"), c.hidden_dim, c.dim);
-  w.up = p.linear(name("mlp.up_proj.weight"), c.hidden_dim, c.dim);
-  w.down = p.linear(name("mlp.down_proj.weight"), c.dim, c.hidden_dim);
+void prepare_layer(Preparer& p, const ModelConfig& c, const LayerDesc& desc, int64_t l, LayerWeights& w) {
+  for (const TensorSpec& t : desc.tensors) {
+    const std::string name = hf_tensor_name(l, t);
+    const int64_t rows = dim_size(t.rows, c);
+    const size_t role = static_cast<size_t>(t.role);
+    if (t.linear())
+      w.linears[role] = p.linear(name, rows, dim_size(t.cols, c));
+    else
+      w.vectors[role] = p.vec(name, rows);
+  }
 }
 
 }  // namespace
@@ -99,19 +94,20 @@ std::unique_ptr<Model> ModelBuilder::finish(const ModelConfig& config, std::stri
   validate_config(config, source);
   Model& m = *model_;
   m.config = config;
+  m.desc = describe_model(config, source);
   m.keep_alive.push_back(owned_);
   for (const auto& t : m.tensors) codec::validate_tensor(t.ref, fmt::format("{}: {}", source, t.name));
-  const Preparer p(m, source);
+  Preparer p(m, source);
   const auto& c = config;
-  m.embed = p.linear("model.embed_tokens.weight", c.vocab, c.dim);
-  m.lm_head = c.tied_embeddings ? kernels::prepare_cpu(m.find("model.embed_tokens.weight")->ref)
-                                : p.linear("lm_head.weight", c.vocab, c.dim);
-  if (c.tied_embeddings && m.find("lm_head.weight"))
-    fail(Errc::format, "[load_model] {}: tied embeddings but an lm_head.weight tensor is present", source);
-  m.final_norm = p.vec("model.norm.weight", c.dim);
+  m.embed = p.linear(kEmbedTensor, c.vocab, c.dim);
+  if (c.tied_embeddings && m.find(kLmHeadTensor))
+    fail(Errc::format, "[load_model] {}: tied embeddings but an {} tensor is present", source, kLmHeadTensor);
+  m.lm_head = c.tied_embeddings ? kernels::prepare_cpu(m.find(kEmbedTensor)->ref) : p.linear(kLmHeadTensor, c.vocab, c.dim);
+  m.final_norm = p.vec(kFinalNormTensor, c.dim);
+  if (m.desc.final_norm == NormKind::layer) m.final_norm_bias = p.vec(kFinalNormBiasTensor, c.dim);
   m.layers.resize(static_cast<size_t>(c.n_layers));
-  for (int64_t l = 0; l < c.n_layers; ++l) prepare_layer(p, c, l, m.layers[l]);
-  m.rope_inv_freq = rope_inv_freq(c);
+  for (int64_t l = 0; l < c.n_layers; ++l) prepare_layer(p, c, m.desc.layers[l], l, m.layers[l]);
+  p.refuse_unused();
   return std::move(model_);
 }
 
@@ -133,6 +129,31 @@ std::vector<float> permute_rope_rows(std::span<const float> w, int64_t n_heads, 
         std::copy_n(w.begin() + src * cols, cols, out.begin() + dst * cols);
       }
   return out;
+}
+
+std::vector<float> decode_half_rope(const Model& model, const NamedTensor& t) {
+  std::vector<float> values = codec::decode_all(t.ref);
+  const ModelConfig& c = model.config;
+  if (c.rope_style == RopeStyle::half) return values;
+  const auto layer = find_layer_tensor(model.desc, t.name);
+  if (!layer) return values;
+  const int64_t cols = t.ref.shape.size() == 2 ? t.ref.shape[1] : 1;
+  // Permutes `heads` heads of rows starting at row `first` in place.
+  const auto permute = [&](int64_t first, int64_t heads) {
+    const auto rows = std::span(values).subspan(static_cast<size_t>(first * cols), static_cast<size_t>(heads * c.head_dim * cols));
+    const std::vector<float> half = permute_rope_rows(rows, heads, c.head_dim, cols, c.rope_style, RopeStyle::half);
+    std::copy(half.begin(), half.end(), rows.begin());
+  };
+  switch (layer->spec->role) {
+    case Role::q: case Role::q_bias: permute(0, c.n_heads); break;
+    case Role::k: case Role::k_bias: permute(0, c.n_kv_heads); break;
+    case Role::qkv:
+      permute(0, c.n_heads);
+      permute(c.q_dim(), c.n_kv_heads);
+      break;
+    default: break;
+  }
+  return values;
 }
 
 KvCache::KvCache(const ModelConfig& config, int64_t capacity) : capacity_(capacity), kv_dim_(config.kv_dim()) {

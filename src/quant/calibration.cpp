@@ -1,6 +1,7 @@
 #include "lowbit/quant/calibration.h"
 
-#include <charconv>
+#include <array>
+#include <deque>
 #include <fstream>
 #include <sstream>
 
@@ -57,27 +58,12 @@ Hessian& LayerHessians::of(LinearInput input) {
   return attn_in;
 }
 
-bool linear_input_of(std::string_view name, int64_t& layer, LinearInput& input) {
-  constexpr std::string_view prefix = "model.layers.";
-  if (!name.starts_with(prefix)) return false;
-  name.remove_prefix(prefix.size());
-  const auto dot = name.find('.');
-  if (dot == std::string_view::npos) return false;
-  if (std::from_chars(name.data(), name.data() + dot, layer).ec != std::errc{}) return false;
-  const std::string_view rest = name.substr(dot + 1);
-  struct Row { std::string_view suffix; LinearInput input; };
-  static constexpr Row kRows[] = {
-      {"self_attn.q_proj.weight", LinearInput::attn_in}, {"self_attn.k_proj.weight", LinearInput::attn_in},
-      {"self_attn.v_proj.weight", LinearInput::attn_in}, {"self_attn.o_proj.weight", LinearInput::attn_out},
-      {"mlp.gate_proj.weight", LinearInput::ffn_in},     {"mlp.up_proj.weight", LinearInput::ffn_in},
-      {"mlp.down_proj.weight", LinearInput::ffn_mid},
-  };
-  for (const Row& r : kRows)
-    if (rest == r.suffix) {
-      input = r.input;
-      return true;
-    }
-  return false;
+std::optional<LayerLinear> layer_linear(const model::ModelDesc& desc, std::string_view tensor_name) {
+  const auto t = model::find_layer_tensor(desc, tensor_name);
+  if (!t) return std::nullopt;
+  const auto input = model::linear_input(t->spec->role);
+  if (!input) return std::nullopt;
+  return LayerLinear{t->layer, t->spec->role, *input};
 }
 
 int64_t CalibrationText::tokens() const {
@@ -143,7 +129,15 @@ LayerHessians LayerwiseCalibrator::capture(int64_t layer) {
   auto& w = model_.layers.at(static_cast<size_t>(layer));
   const std::vector<std::vector<float>> saved = hidden_;
   {
-    CaptureScope q(w.wq, h.attn_in), o(w.wo, h.attn_out), gate(w.gate, h.ffn_in), down(w.down, h.ffn_mid);
+    // One capture per input: the first linear reading it records it for all that share it.
+    std::deque<CaptureScope> scopes;
+    std::array<bool, 4> captured{};
+    for (const model::TensorSpec& t : model_.desc.layers.at(static_cast<size_t>(layer)).tensors) {
+      const auto input = model::linear_input(t.role);
+      if (!input || captured[static_cast<size_t>(*input)]) continue;
+      captured[static_cast<size_t>(*input)] = true;
+      scopes.emplace_back(w.linear_slot(t.role), h.of(*input));
+    }
     run_layer(layer);
   }
   hidden_ = saved;

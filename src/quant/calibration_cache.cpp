@@ -270,7 +270,9 @@ CachedCalibrator::CachedCalibrator(model::Model& model, const CalibrationText& t
 
 LayerHessians CachedCalibrator::hessians(int64_t layer) {
   const auto& w = model_.layers.at(static_cast<size_t>(layer));
-  const LayerInputDims dims{w.wq->cols(), w.wo->cols(), w.gate->cols(), w.down->cols()};
+  LayerInputDims dims{};
+  for (const model::TensorSpec& t : model_.desc.layers.at(static_cast<size_t>(layer)).tensors)
+    if (const auto input = model::linear_input(t.role)) dims[static_cast<size_t>(*input)] = w.linear(t.role)->cols();
   if (cache_) {
     try {
       if (auto hit = cache_->read(layer, dims)) {

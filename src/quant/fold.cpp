@@ -48,10 +48,31 @@ void rotate_columns(std::vector<float>& w, const codec::hadamard::RandomizedHada
   });
 }
 
+// The input whose linears read the output of a pre-norm op (the op after it), by the description.
+model::LinearInput norm_reader(const model::LayerDesc& layer, size_t op, std::string_view arch) {
+  const model::Op::Kind next = op + 1 < layer.ops.size() ? layer.ops[op + 1].kind : model::Op::Kind::add;
+  if (next == model::Op::Kind::attention) return model::LinearInput::attn_in;
+  if (next == model::Op::Kind::mlp) return model::LinearInput::ffn_in;
+  fail(Errc::unsupported, "[fold] {}: a norm of the residual stream that feeds no attention or MLP cannot be folded",
+       arch);
+}
+
+// The gain a norm applies, given its stored weight: w for RMSNorm, 1 + w for Gemma's unit-offset RMSNorm.
+// After the fold the stored weight becomes the one that applies a gain of 1.
+float applied_gain(model::NormKind kind, float w) { return kind == model::NormKind::rms_unit_offset ? 1.0f + w : w; }
+float unit_gain_weight(model::NormKind kind) { return kind == model::NormKind::rms_unit_offset ? 0.0f : 1.0f; }
+
+void refuse_unfoldable(model::NormKind kind, std::string_view arch, std::string_view what) {
+  if (kind == model::NormKind::layer)
+    fail(Errc::unsupported, "[fold] {}: the {} is a LayerNorm, which subtracts the mean and so does not commute "
+         "with the rotation; quantize without rotation", arch, what);
+}
+
 }  // namespace
 
 FoldResult fold_and_rotate(const model::Model& source, uint64_t seed) {
   const model::ModelConfig& c = source.config;
+  const model::ModelDesc& d = source.desc;
   if (c.rope_style != model::RopeStyle::half) fail(Errc::internal, "[fold] expects HF's half RoPE layout");
   if (!codec::hadamard::is_supported(c.dim))
     fail(Errc::unsupported, "[fold] no Hadamard matrix of order {} (the model width)", c.dim);
@@ -65,34 +86,51 @@ FoldResult fold_and_rotate(const model::Model& source, uint64_t seed) {
     w.emplace(t.name, codec::decode_all(t.ref));
     order.emplace_back(t.name, t.ref.shape);
   }
+  const std::string head(model::kLmHeadTensor), embed(model::kEmbedTensor), final_norm(model::kFinalNormTensor);
   // The head needs the final norm's gain, the embedding must not: a tied pair becomes two tensors.
   if (c.tied_embeddings) {
-    w["lm_head.weight"] = at(w, "model.embed_tokens.weight");
-    order.emplace_back("lm_head.weight", Shape{c.vocab, c.dim});
+    w[head] = at(w, embed);
+    order.emplace_back(head, Shape{c.vocab, c.dim});
     out.deviations.push_back("embedding and head untied: the head carries the folded final norm gain");
   }
-  const auto ones = [&](const std::string& name) { std::fill(at(w, name).begin(), at(w, name).end(), 1.0f); };
+  // gain [n] applied to the norm's output, then the stored weight set to apply 1.
+  const auto take_gain = [&](const std::string& name, model::NormKind kind) {
+    std::vector<float>& stored = at(w, name);
+    std::vector<float> gain(stored.size());
+    for (size_t j = 0; j < stored.size(); ++j) gain[j] = applied_gain(kind, stored[j]);
+    std::fill(stored.begin(), stored.end(), unit_gain_weight(kind));
+    return gain;
+  };
   for (int64_t l = 0; l < c.n_layers; ++l) {
-    const auto n = [l](const char* s) { return fmt::format("model.layers.{}.{}", l, s); };
-    const std::vector<float> g_attn = at(w, n("input_layernorm.weight"));
-    const std::vector<float> g_ffn = at(w, n("post_attention_layernorm.weight"));
-    for (const char* p : {"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"}) {
-      scale_columns(at(w, n(p)), g_attn);
-      rotate_rows(at(w, n(p)), rot);
+    const model::LayerDesc& layer = d.layers[static_cast<size_t>(l)];
+    const auto name = [&](model::Role r) { return model::hf_tensor_name(l, *layer.find(r)); };
+    // Pre-norms (of the stream x) fold into the linears that read them; a norm of the branch h (Gemma's post
+    // norms) would have to commute with the rotation with its gain in place, which it does not.
+    for (size_t i = 0; i < layer.ops.size(); ++i) {
+      const model::Op& op = layer.ops[i];
+      if (op.kind != model::Op::Kind::norm) continue;
+      refuse_unfoldable(layer.norm, c.arch, model::role_name(op.weight));
+      if (op.in == model::Reg::h)
+        fail(Errc::unsupported, "[fold] {}: the {} normalizes the branch before the residual add, which does not "
+             "commute with the rotation; quantize without rotation", c.arch, model::role_name(op.weight));
+      const model::LinearInput reader = norm_reader(layer, i, c.arch);
+      const std::vector<float> gain = take_gain(name(op.weight), layer.norm);
+      for (const model::TensorSpec& t : layer.tensors)
+        if (model::linear_input(t.role) == reader) scale_columns(at(w, model::hf_tensor_name(l, t)), gain);
     }
-    for (const char* p : {"mlp.gate_proj.weight", "mlp.up_proj.weight"}) {
-      scale_columns(at(w, n(p)), g_ffn);
-      rotate_rows(at(w, n(p)), rot);
+    // Readers of the stream store W R^T; writers (and their biases) store R W.
+    for (const model::TensorSpec& t : layer.tensors) {
+      const std::string n = model::hf_tensor_name(l, t);
+      const auto input = model::linear_input(t.role);
+      if (input == model::LinearInput::attn_in || input == model::LinearInput::ffn_in) rotate_rows(at(w, n), rot);
+      if (input == model::LinearInput::attn_out || input == model::LinearInput::ffn_mid) rotate_columns(at(w, n), rot);
+      if (t.role == model::Role::o_bias || t.role == model::Role::down_bias) rotate_rows(at(w, n), rot);
     }
-    rotate_columns(at(w, n("self_attn.o_proj.weight")), rot);
-    rotate_columns(at(w, n("mlp.down_proj.weight")), rot);
-    ones(n("input_layernorm.weight"));
-    ones(n("post_attention_layernorm.weight"));
   }
-  scale_columns(at(w, "lm_head.weight"), at(w, "model.norm.weight"));
-  rotate_rows(at(w, "lm_head.weight"), rot);
-  ones("model.norm.weight");
-  rotate_rows(at(w, "model.embed_tokens.weight"), rot);
+  refuse_unfoldable(d.final_norm, c.arch, "final norm");
+  scale_columns(at(w, head), take_gain(final_norm, d.final_norm));
+  rotate_rows(at(w, head), rot);
+  rotate_rows(at(w, embed), rot);
 
   model::ModelBuilder b;
   for (auto& [name, shape] : order) b.add_f32(name, shape, std::move(at(w, name)));

@@ -28,26 +28,13 @@ namespace {
 namespace fs = std::filesystem;
 
 bool is_head_or_embedding(std::string_view name) {
-  return name.ends_with("embed_tokens.weight") || name == "lm_head.weight";
+  return name == model::kEmbedTensor || name == model::kLmHeadTensor;
 }
 
 uint64_t encoded_bytes(const codec::EncodedTensor& t) {
   uint64_t n = 0;
   for (const auto& [role, buffer] : t.arrays) n += buffer.bytes.size();
   return n;
-}
-
-std::unique_ptr<kernels::CpuLinear>* layer_slot(model::LayerWeights& w, std::string_view name) {
-  struct Row { std::string_view suffix; std::unique_ptr<kernels::CpuLinear> model::LayerWeights::*slot; };
-  static constexpr Row kRows[] = {
-      {"self_attn.q_proj.weight", &model::LayerWeights::wq}, {"self_attn.k_proj.weight", &model::LayerWeights::wk},
-      {"self_attn.v_proj.weight", &model::LayerWeights::wv}, {"self_attn.o_proj.weight", &model::LayerWeights::wo},
-      {"mlp.gate_proj.weight", &model::LayerWeights::gate},  {"mlp.up_proj.weight", &model::LayerWeights::up},
-      {"mlp.down_proj.weight", &model::LayerWeights::down},
-  };
-  for (const Row& r : kRows)
-    if (name.ends_with(r.suffix)) return &(w.*r.slot);
-  return nullptr;
 }
 
 // A GGUF tokenizer (the source itself, or --tokenizer) travels as its tokenizer metadata only
@@ -97,17 +84,7 @@ std::unique_ptr<model::Model> to_hf_rope_layout(std::unique_ptr<model::Model> m)
   const model::ModelConfig& c = m->config;
   if (c.rope_style == model::RopeStyle::half) return m;
   model::ModelBuilder b;
-  for (const auto& t : m->tensors) {
-    std::vector<float> values = codec::decode_all(t.ref);
-    const bool q = t.name.find("self_attn.q_proj.") != std::string::npos;
-    const bool k = t.name.find("self_attn.k_proj.") != std::string::npos;
-    if (q || k) {
-      const int64_t cols = t.ref.shape.size() == 2 ? t.ref.shape[1] : 1;
-      values = model::permute_rope_rows(values, q ? c.n_heads : c.n_kv_heads, c.head_dim, cols, c.rope_style,
-                                        model::RopeStyle::half);
-    }
-    b.add_f32(t.name, t.ref.shape, std::move(values));
-  }
+  for (const auto& t : m->tensors) b.add_f32(t.name, t.ref.shape, model::decode_half_rope(*m, t));
   model::ModelConfig half = c;
   half.rope_style = model::RopeStyle::half;
   return b.finish(half, "quantize");
@@ -298,9 +275,7 @@ nlohmann::json allocate_bits(const QuantizeOptions& o, const BitsTarget& goal, m
     for (const model::NamedTensor* t : tensors) weights += checked_numel(t->ref.shape, t->name);
   Progress progress("measure candidates", model.tensors.size(), "tensors");
   for (const auto& t : model.tensors) {
-    int64_t layer;
-    LinearInput input;
-    if (linear_input_of(t.name, layer, input)) continue;
+    if (layer_linear(model.desc, t.name)) continue;
     if (!linears_only) {
       items.push_back(quantizer.measure(t, nullptr));
       weights += checked_numel(t.ref.shape, t.name);
@@ -313,9 +288,7 @@ nlohmann::json allocate_bits(const QuantizeOptions& o, const BitsTarget& goal, m
     LayerHessians hessians;
     if (calibrator) hessians = calibrator->hessians(layer);
     for (const model::NamedTensor* t : tensors) {
-      int64_t l;
-      LinearInput input;
-      linear_input_of(t->name, l, input);
+      const LinearInput input = layer_linear(model.desc, t->name)->input;
       items.push_back(quantizer.measure(*t, calibrator ? &hessians.of(input) : nullptr));
       progress.advance();
     }
@@ -429,20 +402,15 @@ QuantizeReport quantize(const QuantizeOptions& o) {
   artifact::ArtifactWriter writer(o.destination, {o.shard_bytes, o.force});
   Quantizer quantizer(o, *model, writer, report);
   std::map<int64_t, std::vector<const model::NamedTensor*>> by_layer;
-  for (const auto& t : model->tensors) {
-    int64_t layer;
-    LinearInput input;
-    if (linear_input_of(t.name, layer, input)) by_layer[layer].push_back(&t);
-  }
+  for (const auto& t : model->tensors)
+    if (const auto linear = layer_linear(model->desc, t.name)) by_layer[linear->layer].push_back(&t);
   if (goal)
     report.allocation = allocate_bits(o, *goal, *model, quantizer, by_layer, calib, cache_key);
 
   // Tensors outside the layers' linears first: embedding, norms, head, biases.
   Progress progress("quantize", model->tensors.size(), "tensors");
   for (const auto& t : model->tensors) {
-    int64_t layer;
-    LinearInput input;
-    if (linear_input_of(t.name, layer, input)) continue;
+    if (layer_linear(model->desc, t.name)) continue;
     quantizer.encode(t, nullptr);
     progress.advance();
   }
@@ -455,15 +423,13 @@ QuantizeReport quantize(const QuantizeOptions& o) {
     // The layer's quantized weights replace its dense ones so the next layer calibrates on them. The kernel owns
     // its encoding: the calibrator runs this layer only when the next one asks for its Hessians.
     for (const model::NamedTensor* t : tensors) {
-      int64_t l;
-      LinearInput input;
-      linear_input_of(t->name, l, input);
+      const LayerLinear linear = *layer_linear(model->desc, t->name);
       progress.set_note(t->name);
-      codec::EncodedTensor stored = quantizer.encode(*t, calibrator ? &hessians.of(input) : nullptr);
+      codec::EncodedTensor stored = quantizer.encode(*t, calibrator ? &hessians.of(linear.input) : nullptr);
       if (calibrator) {
         const std::string& codec_id = report.tensors.back().choice.codec;
         calibrator->stored(t->name, codec_id, stored);
-        *layer_slot(model->layers.at(static_cast<size_t>(layer)), t->name) =
+        model->layers.at(static_cast<size_t>(layer)).linear_slot(linear.role) =
             kernels::prepare_cpu_owned(codec::codec_or_throw(codec_id, t->name), t->ref.shape, std::move(stored));
       }
       progress.advance();

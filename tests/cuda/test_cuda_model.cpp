@@ -67,7 +67,7 @@ ModelConfig variant_config(int variant) {
   if (variant == 1) c.rope_style = RopeStyle::interleaved;
   if (variant == 2) c.qkv_bias = true;
   if (variant == 3) {
-    c.qk_norm = true;
+    c.arch = "qwen3";  // q/k norms
     c.head_dim = 8;  // qwen3 sets head_dim apart from dim / n_heads
   }
   return c;
@@ -219,7 +219,7 @@ TEST_F(CudaModelTest, RealHeadSizesMatchCpu) {
     c.dim = 128;
     c.max_seq = 256;
     c.rope_style = head_dim == 128 ? RopeStyle::interleaved : RopeStyle::half;
-    c.qk_norm = head_dim == 64;
+    if (head_dim == 64) c.arch = "qwen3";  // q/k norms
     const auto cpu = testing::tiny_model(c, 17);
     auto gpu = testing::tiny_model(c, 17);
     use_device(*gpu, "cuda");

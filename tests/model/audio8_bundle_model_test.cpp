@@ -25,7 +25,6 @@ namespace fs = std::filesystem;
 ModelConfig qwen3_config() {
   ModelConfig c;
   c.arch = "qwen3";
-  c.qk_norm = true;
   c.tied_embeddings = true;
   c.dim = 64;
   c.n_layers = 2;
@@ -110,7 +109,7 @@ TEST(Audio8BundleModel, Qwen3BundleGeneratesTheTokensOfItsImport) {
   const auto from_import = load_model(tmp / "imported");
   const auto from_artifact = load_model(tmp / "artifact");
   EXPECT_EQ(from_bundle->config.arch, "qwen3");
-  EXPECT_TRUE(from_bundle->config.qk_norm);
+  EXPECT_TRUE(from_bundle->desc.layers[0].has(Role::q_norm));
   const std::vector<int32_t> prompt = {1, 5, 9, 2};
   const auto [bundle_tokens, bundle_logits] = greedy(*from_bundle, prompt, 12);
   const auto [import_tokens, import_logits] = greedy(*from_import, prompt, 12);

@@ -8,7 +8,7 @@
 
 #include "lowbit/core/error.h"
 #include "lowbit/core/thread_pool.h"
-#include "lowbit/model/architecture.h"
+#include "lowbit/model/family.h"
 #include "lowbit/model/generate.h"
 #include "lowbit/model/hf.h"
 #include "lowbit/model/llama2c.h"
@@ -60,7 +60,7 @@ TEST(Forward, PrefillMatchesDecodeForEveryArchitectureFlag) {
   for (int variant = 0; variant < 4; ++variant) {
     ModelConfig c = testing::tiny_config();
     c.qkv_bias = variant == 1;
-    c.qk_norm = variant == 2;
+    if (variant == 2) c.arch = "qwen3";  // q/k norms
     c.tied_embeddings = variant == 3;
     c.rope_style = variant == 3 ? RopeStyle::interleaved : RopeStyle::half;
     const auto m = testing::tiny_model(c, 7 + variant);
@@ -109,7 +109,7 @@ TEST(Config, ParsesArchitectureRows) {
                        {"tie_word_embeddings", true}, {"eos_token_id", 5}};
   ModelConfig c = parse_hf_config(hf, "test");
   EXPECT_EQ(c.arch, "qwen3");
-  EXPECT_TRUE(c.qk_norm);
+  EXPECT_TRUE(describe_model(c, "test").layers[0].has(Role::q_norm));
   EXPECT_EQ(c.head_dim, 32);
   EXPECT_EQ(c.q_dim(), 128);
   EXPECT_EQ(c.eos_ids, std::vector<int32_t>{5});

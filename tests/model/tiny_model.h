@@ -1,4 +1,5 @@
-// A small random Llama-family model built in memory, for tests of the forward pass, conversion and eval.
+// A small random model of any family, built in memory from its description, for tests of the forward pass,
+// conversion and eval.
 #pragma once
 
 #include <random>
@@ -22,8 +23,14 @@ inline ModelConfig tiny_config() {
   return c;
 }
 
-// Weights uniform in [-scale, scale] (norm weights near 1); `zero_head` zeroes the output projection so every
-// position predicts the uniform distribution.
+// A norm gain (near 1 in a random model) rather than a linear or a bias (near 0).
+inline bool is_gain(Role r) {
+  return r == Role::attn_norm || r == Role::ffn_norm || r == Role::q_norm || r == Role::k_norm ||
+         r == Role::post_attn_norm || r == Role::post_ffn_norm;
+}
+
+// Every tensor of the config's family description, weights uniform in [-0.5, 0.5] (norm gains near 1);
+// `zero_head` zeroes the output projection so every position predicts the uniform distribution.
 inline std::unique_ptr<Model> tiny_model(const ModelConfig& c, uint64_t seed = 1, bool zero_head = false) {
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<float> u(-0.5f, 0.5f);
@@ -35,30 +42,17 @@ inline std::unique_ptr<Model> tiny_model(const ModelConfig& c, uint64_t seed = 1
     for (float& x : v) x = zero ? 0.0f : offset + u(rng);
     b.add_f32(name, std::move(shape), std::move(v));
   };
-  add("model.embed_tokens.weight", {c.vocab, c.dim});
-  for (int64_t l = 0; l < c.n_layers; ++l) {
-    const auto n = [l](std::string_view s) { return fmt::format("model.layers.{}.{}", l, s); };
-    add(n("input_layernorm.weight"), {c.dim}, 1.0f);
-    add(n("post_attention_layernorm.weight"), {c.dim}, 1.0f);
-    add(n("self_attn.q_proj.weight"), {c.q_dim(), c.dim});
-    add(n("self_attn.k_proj.weight"), {c.kv_dim(), c.dim});
-    add(n("self_attn.v_proj.weight"), {c.kv_dim(), c.dim});
-    add(n("self_attn.o_proj.weight"), {c.dim, c.q_dim()});
-    if (c.qkv_bias) {
-      add(n("self_attn.q_proj.bias"), {c.q_dim()});
-      add(n("self_attn.k_proj.bias"), {c.kv_dim()});
-      add(n("self_attn.v_proj.bias"), {c.kv_dim()});
+  add(std::string(kEmbedTensor), {c.vocab, c.dim});
+  const ModelDesc d = describe_model(c, "tiny");
+  for (int64_t l = 0; l < c.n_layers; ++l)
+    for (const TensorSpec& t : d.layers[static_cast<size_t>(l)].tensors) {
+      const int64_t rows = dim_size(t.rows, c);
+      const Shape shape = t.linear() ? Shape{rows, dim_size(t.cols, c)} : Shape{rows};
+      add(hf_tensor_name(l, t), shape, is_gain(t.role) ? 1.0f : 0.0f);
     }
-    if (c.qk_norm) {
-      add(n("self_attn.q_norm.weight"), {c.head_dim}, 1.0f);
-      add(n("self_attn.k_norm.weight"), {c.head_dim}, 1.0f);
-    }
-    add(n("mlp.gate_proj.weight"), {c.hidden_dim, c.dim});
-    add(n("mlp.up_proj.weight"), {c.hidden_dim, c.dim});
-    add(n("mlp.down_proj.weight"), {c.dim, c.hidden_dim});
-  }
-  add("model.norm.weight", {c.dim}, 1.0f);
-  if (!c.tied_embeddings) add("lm_head.weight", {c.vocab, c.dim}, 0.0f, zero_head);
+  add(std::string(kFinalNormTensor), {c.dim}, 1.0f);
+  if (d.final_norm == NormKind::layer) add(std::string(kFinalNormBiasTensor), {c.dim});
+  if (!c.tied_embeddings) add(std::string(kLmHeadTensor), {c.vocab, c.dim}, 0.0f, zero_head);
   return b.finish(c, "tiny");
 }
 

@@ -18,7 +18,7 @@ model::ModelConfig config(bool tied, bool bias, bool qk_norm) {
   c.head_dim = 8;
   c.tied_embeddings = tied;
   c.qkv_bias = bias;
-  c.qk_norm = qk_norm;
+  if (qk_norm) c.arch = "qwen3";
   return c;
 }
 

@@ -1,5 +1,6 @@
-// The hyperparameters of a Llama-family decoder, whatever file they came from (llama2.c header, HF
-// config.json, GGUF metadata, artifact config). Architectures differ only in the flags below.
+// The hyperparameters of a decoder, whatever file they came from (llama2.c header, HF config.json, GGUF
+// metadata, artifact config): generic numbers only. What a family's layer is made of (which norms, biases and
+// ops) is its description in family.h, derived from these numbers by the family named in `arch`.
 #pragma once
 
 #include <cstdint>
@@ -28,7 +29,7 @@ struct RopeScaling {
 };
 
 struct ModelConfig {
-  std::string arch = "llama";  // the architecture table's name (architecture.h)
+  std::string arch = "llama";  // the family table's name (family.h)
   int64_t dim = 0;             // hidden size
   int64_t n_layers = 0;
   int64_t n_heads = 0;
@@ -42,8 +43,8 @@ struct ModelConfig {
   RopeStyle rope_style = RopeStyle::half;
   float norm_eps = 1e-5f;
   bool tied_embeddings = false;
-  bool qkv_bias = false;  // qwen2
-  bool qk_norm = false;   // qwen3: RMSNorm over each head of q and k before RoPE
+  bool qkv_bias = false;        // biases on q, k and v (HF attention_bias; qwen2 always)
+  int64_t sliding_window = 0;   // keys a query sees, itself included, for the families that window; 0: all
   std::vector<int32_t> eos_ids;  // from config.json / generation_config.json when given
   std::optional<int32_t> bos_id;
 
@@ -54,11 +55,9 @@ struct ModelConfig {
 // Checks ranges and divisibility (Errc::format / Errc::limit naming `source` and the field).
 void validate_config(const ModelConfig& c, std::string_view source);
 
-// The per-pair inverse frequencies [head_dim / 2] with rope_scaling applied, computed in f32 as HF and
+// The per-pair inverse frequencies [head_dim / 2] with rope_scaling applied (the usual RoPE table of a family's
+// ModelDesc), computed in f32 as HF and
 // llama2.c do.
 std::vector<float> rope_inv_freq(const ModelConfig& c);
-
-// HF config.json fields for this config (the subset a Llama-family loader reads back).
-nlohmann::json config_to_hf_json(const ModelConfig& c);
 
 }  // namespace lowbit::model

@@ -5,7 +5,9 @@
 // that row in the table (family.cpp), plus new ops if it needs them (docs/ARCHITECTURE.md, "Adding a model family").
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -38,7 +40,13 @@ enum class Role : uint8_t {
   post_ffn_norm,              // [dim]: a norm of the MLP output before the residual add (gemma2/3)
   count
 };
+inline constexpr size_t kRoleCount = static_cast<size_t>(Role::count);
 std::string_view role_name(Role r);
+
+// Which activation a linear reads. Linears reading the same one (q, k, v; gate, up) share a calibration Hessian,
+// and the norm in front of attn_in / ffn_in folds into them. nullopt for roles that are not linears.
+enum class LinearInput : uint8_t { attn_in, attn_out, ffn_in, ffn_mid };
+std::optional<LinearInput> linear_input(Role r);
 
 // The sizes a tensor shape is written in (resolved against a ModelConfig by dim_size).
 enum class Dim : uint8_t { none, dim, q_dim, kv_dim, qkv_dim, head_dim, hidden, gate_up_dim };
@@ -86,7 +94,7 @@ struct Op {
 // every earlier key). RoPE uses the model's table `rope` (ModelDesc::rope_inv_freq) on the first rope_dims
 // dimensions of each head (rope_dims == head_dim unless partial rotary).
 struct AttentionSpec {
-  float scale = 1.0f;
+  float scale = 1.0f;  // typically 1 / sqrt(head_dim)
   float softcap = 0.0f;
   int64_t window = 0;
   int rope = 0;
@@ -103,6 +111,16 @@ struct LayerDesc {
   const TensorSpec* find(Role r) const;
   bool has(Role r) const { return find(r) != nullptr; }
 };
+
+// The tensors outside the layers, named alike in every family (HF names; the GGUF names are in family.cpp).
+// final_norm_bias exists only when ModelDesc::final_norm is NormKind::layer; lm_head only when not tied.
+inline constexpr std::string_view kEmbedTensor = "model.embed_tokens.weight";
+inline constexpr std::string_view kFinalNormTensor = "model.norm.weight";
+inline constexpr std::string_view kFinalNormBiasTensor = "model.norm.bias";
+inline constexpr std::string_view kLmHeadTensor = "lm_head.weight";
+// Whether an HF name belongs to the text decoder ("model.*", "lm_head.*") rather than another part of a
+// checkpoint (an audio or vision tower), which loaders of multi-part formats leave out.
+bool is_decoder_tensor_name(std::string_view hf_name);
 
 // Everything a backend needs to run a model, derived once from its config by the family.
 struct ModelDesc {
@@ -133,13 +151,39 @@ struct Family {
 };
 
 std::span<const Family* const> families();
+// "llama, mistral, ..." for error messages.
+std::string known_families();
 // By model_type / class name; Errc::unsupported naming the file, the field and the families known.
 const Family& find_family_hf(const nlohmann::json& hf, std::string_view source);
 const Family& find_family_gguf(std::string_view arch, std::string_view source);
 const Family& family_of(const ModelConfig& c);
 
+// The family's description of `c` (its checks first: exit 3 naming `source` and the field).
+ModelDesc describe_model(const ModelConfig& c, std::string_view source);
+
+// Reads an HF config.json object: the fields every family shares, then the family's own, then checks the
+// numbers (validate_config and the family's describe). Used for HF and MLX directories, lowbit artifacts and
+// foreign formats alike.
+ModelConfig parse_hf_config(const nlohmann::json& hf, std::string_view source);
+// The same from GGUF "<arch>.*" metadata. GGUF files of families whose gguf_rope_style is interleaved store q/k
+// rows in interleaved-pair order (llama.cpp's converter permutes them); the config says so in rope_style.
+ModelConfig parse_gguf_config(const io::GgufFile& f);
+// HF config.json for `c` (common fields, then the family's write_hf); parse_hf_config reads it back.
+nlohmann::json config_to_hf_json(const ModelConfig& c);
+
+// Reads HF's "rope_scaling" object (null or absent: none); for the families that support it.
+RopeScaling parse_rope_scaling(const nlohmann::json& hf, std::string_view source);
+
 // The full names of a layer tensor (the layer prefix joined with the spec's name).
 std::string hf_tensor_name(int64_t layer, const TensorSpec& t);
 std::string gguf_tensor_name(int64_t layer, const TensorSpec& t);
+
+// The layer tensor an HF name denotes ("model.layers.3.self_attn.q_proj.weight" -> layer 3, the q spec);
+// nullopt for names outside the layers or not in the description.
+struct LayerTensor {
+  int64_t layer;
+  const TensorSpec* spec;
+};
+std::optional<LayerTensor> find_layer_tensor(const ModelDesc& d, std::string_view hf_name);
 
 }  // namespace lowbit::model

@@ -17,11 +17,9 @@ namespace lowbit::model {
 
 bool is_gguf_file(const std::filesystem::path& path);  // by the "GGUF" magic
 
-// Config from "<arch>.*" metadata (llama, mistral, qwen2, qwen3). GGUF llama/mistral files store q/k rows in
-// interleaved-pair RoPE order (llama.cpp's converter permutes them), so their config says RopeStyle::interleaved
-// and the weights are used as stored. Errc::unsupported for other architectures.
-ModelConfig gguf_config(const io::GgufFile& file);
-
+// The config comes from the family table (family.h, parse_gguf_config); tensor names from the description's
+// TensorSpecs. A tensor the description has no place for, or a layer tensor missing for one of block_count
+// layers, is Errc::format naming it.
 std::unique_ptr<Model> load_gguf_model(const std::filesystem::path& path, const LoadOptions& options = {});
 
 std::unique_ptr<Tokenizer> gguf_tokenizer(const io::GgufFile& file);

@@ -1,8 +1,9 @@
-// The in-memory model: a config plus weights under Hugging Face Llama names, each a codec::TensorRef so that
-// quantized weights stay packed, and the prepared CPU kernels the forward pass runs. Loaders (llama2.c, HF
+// The in-memory model: a config, its family's description (family.h), weights under Hugging Face names, each a
+// codec::TensorRef so that quantized weights stay packed, and the prepared CPU kernels the forward pass runs. Loaders (llama2.c, HF
 // safetensors, lowbit artifacts, GGUF) fill a ModelBuilder; load_model() picks the loader from the path.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <deque>
 #include <filesystem>
@@ -15,6 +16,7 @@
 #include "lowbit/codec/codec.h"
 #include "lowbit/kernels/cpu.h"
 #include "lowbit/model/config.h"
+#include "lowbit/model/family.h"
 #include "lowbit/model/kv_cache.h"
 #include "lowbit/model/tokenizer.h"
 
@@ -29,12 +31,15 @@ struct NamedTensor {
   codec::TensorRef ref;
 };
 
+// One layer's weights by role, as its LayerDesc lists them: linears prepared for the CPU kernels, vectors
+// (norm gains, biases) decoded to f32. A role the layer does not have is null / empty.
 struct LayerWeights {
-  std::unique_ptr<kernels::CpuLinear> wq, wk, wv, wo;       // [q_dim, dim], [kv_dim, dim] x2, [dim, q_dim]
-  std::unique_ptr<kernels::CpuLinear> gate, up, down;       // [hidden, dim] x2, [dim, hidden]
-  std::vector<float> attn_norm, ffn_norm;                   // [dim]
-  std::vector<float> q_bias, k_bias, v_bias;                // [q_dim], [kv_dim] x2 (qwen2), else empty
-  std::vector<float> q_norm, k_norm;                        // [head_dim] (qwen3), else empty
+  std::array<std::unique_ptr<kernels::CpuLinear>, kRoleCount> linears;
+  std::array<std::vector<float>, kRoleCount> vectors;
+
+  kernels::CpuLinear* linear(Role r) const { return linears[static_cast<size_t>(r)].get(); }
+  std::unique_ptr<kernels::CpuLinear>& linear_slot(Role r) { return linears[static_cast<size_t>(r)]; }
+  const std::vector<float>& vector(Role r) const { return vectors[static_cast<size_t>(r)]; }
 };
 
 // Runs forward() in place of the CPU kernels (the CUDA runtime, cuda_model.h's use_device). It keeps its own
@@ -53,8 +58,9 @@ class Model {
   std::unique_ptr<kernels::CpuLinear> embed;    // [vocab, dim], rows gathered
   std::unique_ptr<kernels::CpuLinear> lm_head;  // [vocab, dim]; the embedding's arrays when tied
   std::vector<float> final_norm;                // [dim]
-  std::vector<LayerWeights> layers;
-  std::vector<float> rope_inv_freq;             // [head_dim / 2], see config.h
+  std::vector<float> final_norm_bias;           // [dim] when desc.final_norm is NormKind::layer, else empty
+  ModelDesc desc;                               // the family's description of config (family.h)
+  std::vector<LayerWeights> layers;             // by desc.layers
   std::shared_ptr<DeviceForward> device;        // null: forward() runs on the CPU
 
   const NamedTensor* find(std::string_view name) const;
@@ -71,8 +77,9 @@ class ModelBuilder {
   void add(std::string name, codec::TensorRef ref);
   void keep_alive(std::shared_ptr<const void> owner);
   bool contains(std::string_view name) const;
-  // Validates every tensor's shape against the config (Errc::shape / Errc::format naming `source` and the
-  // tensor) and prepares the kernels.
+  // Describes the model by its family, checks that the tensors are exactly the description's (each present with
+  // its shape, none left over: Errc::shape / Errc::format naming `source` and the tensor), and prepares the
+  // kernels.
   std::unique_ptr<Model> finish(const ModelConfig& config, std::string_view source);
 
  private:
@@ -87,6 +94,10 @@ codec::TensorRef dense_f32_ref(Shape shape, std::span<const float> values);
 // interleaved row 2i + j <-> half row j * head_dim/2 + i (llama2.c export.py's permute).
 std::vector<float> permute_rope_rows(std::span<const float> w, int64_t n_heads, int64_t head_dim, int64_t cols,
                                      RopeStyle from, RopeStyle to);
+
+// The values of tensor t of `model` with q/k rows (weights and biases, fused qkv included) in HF's half-rotation
+// RoPE layout, whatever model.config.rope_style is; other tensors decoded as they are.
+std::vector<float> decode_half_rope(const Model& model, const NamedTensor& t);
 
 struct LoadOptions {
   std::optional<int64_t> max_seq;  // caps config.max_seq (and so the KV cache a caller may allocate)

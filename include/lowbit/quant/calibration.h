@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -13,17 +14,23 @@
 
 namespace lowbit::quant {
 
-// The four distinct linear inputs of a Llama-family layer: q/k/v share one, gate/up share one.
-enum class LinearInput { attn_in, attn_out, ffn_in, ffn_mid };
+// The four distinct linear inputs of a layer (model/family.h derives them from the roles: q/k/v or qkv share
+// one, gate/up or gate_up share one).
+using model::LinearInput;
 
 struct LayerHessians {
   Hessian attn_in, attn_out, ffn_in, ffn_mid;
   Hessian& of(LinearInput input);
 };
 
-// Which input a layer tensor reads ("model.layers.3.mlp.down_proj.weight" -> ffn_mid); false for tensors
-// outside the layers' linears.
-bool linear_input_of(std::string_view tensor_name, int64_t& layer, LinearInput& input);
+// A linear of a layer as the model's description names it: its layer, role and input ("model.layers.3.
+// mlp.down_proj.weight" in a llama -> 3, down, ffn_mid); nullopt for tensors outside the layers' linears.
+struct LayerLinear {
+  int64_t layer;
+  model::Role role;
+  LinearInput input;
+};
+std::optional<LayerLinear> layer_linear(const model::ModelDesc& desc, std::string_view tensor_name);
 
 struct CalibrationText {
   std::vector<std::vector<int32_t>> windows;  // each starts with BOS when the tokenizer has one

@@ -165,8 +165,9 @@ Layer load_layer(const TensorLookup& lookup, const ModelConfig& c, int64_t l) {
   w.q_bias = optional_vector(lookup, name("self_attn.q_proj.bias"), c.q_dim(), c.qkv_bias);
   w.k_bias = optional_vector(lookup, name("self_attn.k_proj.bias"), c.kv_dim(), c.qkv_bias);
   w.v_bias = optional_vector(lookup, name("self_attn.v_proj.bias"), c.kv_dim(), c.qkv_bias);
-  w.q_norm = optional_vector(lookup, name("self_attn.q_norm.weight"), c.head_dim, c.qk_norm);
-  w.k_norm = optional_vector(lookup, name("self_attn.k_norm.weight"), c.head_dim, c.qk_norm);
+  const bool qk_norm = describe_model(c, "cuda").layers.at(static_cast<size_t>(l)).has(Role::q_norm);
+  w.q_norm = optional_vector(lookup, name("self_attn.q_norm.weight"), c.head_dim, qk_norm);
+  w.k_norm = optional_vector(lookup, name("self_attn.k_norm.weight"), c.head_dim, qk_norm);
   w.gate_up = fused_gate_up ? linear(lookup, name("mlp.gate_up_proj.weight"), 2 * c.hidden_dim, c.dim)
                             : stacked(lookup,
                                       {{name("mlp.gate_proj.weight"), c.hidden_dim},
