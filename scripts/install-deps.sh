@@ -9,6 +9,9 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev libhwy-dev
   libpcre2-dev libsentencepiece-dev libicu-dev
   clang libclang-rt-14-dev jq
+  zlib1g-dev
+  # lowbit quantize's default calibration text: /usr/share/debian-reference/debian-reference.en.txt.gz
+  debian-reference-en
 )
 
 missing=()

@@ -28,19 +28,21 @@ struct Args {
   uint64_t seed = 0;
 };
 
-// The project's default calibration text (../shared/data/...), looked for beside the working directory and
-// beside the binary's checkout; LOWBIT_SHARED_DIR overrides both.
-std::optional<fs::path> default_calibration() {
-  constexpr const char* kFile = "data/calibration-debian-reference.en.txt";
-  std::vector<fs::path> roots;
-  if (const char* env = std::getenv("LOWBIT_SHARED_DIR")) roots.emplace_back(env);
-  roots.emplace_back(fs::current_path() / ".." / "shared");
+// The default calibration text: Debian's reference manual, installed by the debian-reference-en package
+// (scripts/install-deps.sh) as gzip. Its text is the one docs/QUALITY.md's rows were calibrated on.
+// LOWBIT_DEFAULT_CALIB names another file to take as the default (where the package installs elsewhere; tests).
+constexpr const char* kDebianReference = "/usr/share/debian-reference/debian-reference.en.txt.gz";
+
+fs::path default_calibration() {
+  const char* env = std::getenv("LOWBIT_DEFAULT_CALIB");
+  const fs::path path = env && *env ? fs::path(env) : fs::path(kDebianReference);
   std::error_code ec;
-  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
-  if (!ec) roots.push_back(exe.parent_path() / ".." / ".." / ".." / "shared");
-  for (const auto& r : roots)
-    if (fs::is_regular_file(r / kFile, ec)) return fs::weakly_canonical(r / kFile);
-  return std::nullopt;
+  if (!fs::is_regular_file(path, ec))
+    lowbit::fail(lowbit::Errc::missing_file,
+                 "[quantize] no default calibration text at {}: install debian-reference-en, pass --calib FILE, "
+                 "or --no-calib for plain rounding",
+                 path.string());
+  return path;
 }
 
 void run(const Args& a) {
@@ -53,15 +55,8 @@ void run(const Args& a) {
   o.recipe = a.recipe_file ? quant::Recipe::load(*a.recipe_file) : quant::preset(a.preset_name.value_or("affine4"));
   o.target_bpw = a.target_bpw;
   o.target_linear_bpw = a.target_linear_bpw;
-  if (!a.no_calib) {
-    if (a.calib) {
-      o.calibration = fs::path(*a.calib);
-    } else if (auto def = default_calibration()) {
-      o.calibration = *def;
-    } else {
-      std::fprintf(stderr, "[quantize] no calibration text found (pass --calib FILE): plain rounding\n");
-    }
-  }
+  if (a.no_calib && a.calib) fail(Errc::usage, "[quantize] give --calib FILE or --no-calib, not both");
+  if (!a.no_calib) o.calibration = a.calib ? fs::path(*a.calib) : default_calibration();
   if (o.calibration) std::fprintf(stderr, "[quantize] calibrating on %s\n", o.calibration->string().c_str());
   o.calib_tokens = a.calib_tokens;
   o.calib_ctx = a.calib_ctx;
@@ -101,7 +96,8 @@ void setup(CLI::App& root) {
   cmd->add_option("--target-linear-bpw", args->target_linear_bpw,
                   "Choose among the linears' candidates to fit X bits per weight on the linears (embedding and head "
                   "keep their first candidate)");
-  cmd->add_option("--calib", args->calib, "Calibration text (default: ../shared's Debian reference text)");
+  cmd->add_option("--calib", args->calib, "Calibration text, plain or gzip (default: debian-reference-en's text, "
+                  "/usr/share/debian-reference/debian-reference.en.txt.gz)");
   cmd->add_flag("--no-calib", args->no_calib, "Plain rounding, no calibration");
   cmd->add_option("--calib-tokens", args->calib_tokens, "Calibration tokens")->capture_default_str();
   cmd->add_option("--calib-ctx", args->calib_ctx, "Calibration window length")->capture_default_str();

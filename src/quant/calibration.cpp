@@ -2,12 +2,11 @@
 
 #include <array>
 #include <deque>
-#include <fstream>
-#include <sstream>
 
 #include "lowbit/core/error.h"
 #include "lowbit/core/sha256.h"
 #include "lowbit/core/thread_pool.h"
+#include "lowbit/io/text_file.h"
 
 namespace lowbit::quant {
 
@@ -74,11 +73,9 @@ int64_t CalibrationText::tokens() const {
 
 CalibrationText load_calibration(const std::filesystem::path& path, const model::Tokenizer& tokenizer,
                                  int64_t max_tokens, int64_t ctx) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail_errno("calibration", path.string());
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  const std::string text = buffer.str();
+  // Far more text than any calibration takes (the Debian reference is 0.9 MB), and a bound on a gzip's expansion.
+  constexpr uint64_t kMaxTextBytes = uint64_t{256} << 20;
+  const std::string text = io::read_text_file(path, "calibration", kMaxTextBytes);
   CalibrationText out;
   out.sha256 = sha256_hex(std::as_bytes(std::span(text)));
   // Line by line: tokenizers' merge loops grow faster than linearly with the piece they are given, and only a

@@ -216,6 +216,9 @@ TEST(Quantize, CalibratedTrellisRunsAreByteIdentical) {
 TEST(Quantize, KillAtRandomPointsNeverLeavesAPartialArtifact) {
   const fs::path model = fs::path(LOWBIT_SHARED_DIR) / "models/stories260K/stories260K.bin";
   const fs::path tok = fs::path(LOWBIT_SHARED_DIR) / "models/stories260K/tok512.bin";
+  // Calibrated, so that a run lasts long enough to be killed at many points; the text from ../shared too, so
+  // that the test does not depend on debian-reference-en being installed.
+  const fs::path text = fs::path(LOWBIT_SHARED_DIR) / "data/calibration-debian-reference.en.txt";
   if (!fs::exists(model)) GTEST_SKIP() << model << " absent (../shared not mounted)";
   TempDir tmp;
   std::mt19937_64 rng(2026);
@@ -230,7 +233,7 @@ TEST(Quantize, KillAtRandomPointsNeverLeavesAPartialArtifact) {
       ::dup2(devnull, 1);
       ::dup2(devnull, 2);
       ::execl(LOWBIT_CLI, "lowbit", "quantize", model.c_str(), out.c_str(), "--preset", "affine4", "--tokenizer",
-              tok.c_str(), "--calib-tokens", "1024", static_cast<char*>(nullptr));
+              tok.c_str(), "--calib", text.c_str(), "--calib-tokens", "1024", static_cast<char*>(nullptr));
       ::_exit(127);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms(rng)));

@@ -34,11 +34,12 @@ std::optional<LayerLinear> layer_linear(const model::ModelDesc& desc, std::strin
 
 struct CalibrationText {
   std::vector<std::vector<int32_t>> windows;  // each starts with BOS when the tokenizer has one
-  std::string sha256;                         // of the text file
+  std::string sha256;                         // of the text (decompressed when the file is gzip)
   int64_t tokens() const;
 };
 
-// Tokenizes `path` and cuts it into `ctx`-token windows until `max_tokens` tokens are taken.
+// Reads `path` (plain text or gzip, io/text_file.h), tokenizes it and cuts it into `ctx`-token windows until
+// `max_tokens` tokens are taken.
 CalibrationText load_calibration(const std::filesystem::path& path, const model::Tokenizer& tokenizer,
                                  int64_t max_tokens, int64_t ctx);
 
