@@ -196,7 +196,8 @@ $(nproc) cores) from its cached rows: each row's last column says when, at which
 changes) and at which load average (1-minute, at the start and end of the row) it was measured. KL divergence,
 perplexity and top-1 agreement follow llama.cpp's method (\`lowbit eval kld\`: non-overlapping windows, BOS first,
 second half of each window scored) against the unquantized source, and do not depend on the load. Calibration
-(GPTQ for affine / offset-scale / two-plane, BlockLDLQ for trellis) uses ../shared's Debian reference text, never
+(GPTQ for affine / offset-scale / two-plane, BlockLDLQ for trellis) uses quantize's default text, Debian's reference
+manual (debian-reference-en; the same bytes as ../shared's copy the older rows used), never
 the evaluation text; \`rtn-P\` is preset P with plain rounding (\`--no-calib\`), for comparison. \`affine2\` is
 affine3's recipe with 2-bit linears (no built-in preset). Quantize times are the whole command (load,
 calibration, rounding, write): wall seconds, user + system CPU seconds, and peak RSS (\`/usr/bin/time\`); on the
