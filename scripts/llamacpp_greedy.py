@@ -61,6 +61,10 @@ def main() -> int:
     ap.add_argument("--tokenize-file", help="also record the first ids of this file, tokenized as llama-perplexity does")
     ap.add_argument("--tokenize-count", type=int, default=64)
     args = ap.parse_args()
+    file_text = None
+    if args.tokenize_file:  # read first: a missing file should fail before minutes of generation
+        with open(args.tokenize_file, "rb") as f:
+            file_text = f.read()
 
     L.llama_backend_init()
     mparams = L.llama_model_default_params()
@@ -98,9 +102,8 @@ def main() -> int:
         run["generated_text"] = text.decode("utf-8", "replace")
         result["runs"].append(run)
 
-    if args.tokenize_file:
-        with open(args.tokenize_file, "rb") as f:
-            ids = tokenize(vocab, f.read(), add_special=True)
+    if file_text is not None:
+        ids = tokenize(vocab, file_text, add_special=True)
         result["tokenize_file"] = {"path": args.tokenize_file, "n_tokens_total": len(ids),
                                    "first_ids": ids[:args.tokenize_count]}
 

@@ -132,6 +132,7 @@ main() {
     cache=$(mkdir -p "$1" && cd "$1" && pwd)
     out=$2
     [[ -f $WIKITEXT ]] || { echo "$WIKITEXT: missing (set WIKITEXT)" >&2; return 1; }
+    WIKITEXT=$(realpath "$WIKITEXT")  # ../shared may be a symlink that does not outlive the run
     llamacpp_build "$cache"
     fetch_gemma3_270m "$cache"
     greedy_refs "$GEMMA3_GGUF" "$out/gemma3"
