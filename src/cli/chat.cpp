@@ -18,7 +18,7 @@ namespace {
 
 struct Args {
   std::string model;
-  std::optional<std::string> tokenizer, system, message, template_name;
+  std::optional<std::string> tokenizer, system, message, template_name, template_file;
   int64_t max_tokens = 256;
   int64_t context = 4096;
   lowbit::model::SamplerOptions sampler;
@@ -45,11 +45,15 @@ void run(const Args& a) {
   const auto model = model::load_model(a.model, {.max_seq = a.context});
   model::use_device(*model, a.device);
   const auto tokenizer = model::load_tokenizer(a.model, a.tokenizer);
-  model::ChatTemplate tmpl = model::chat_template_for(a.model, *tokenizer);
-  if (a.template_name) {
+  model::ChatTemplate tmpl;
+  if (a.template_file) {
+    tmpl = model::chat_template_from_file(*a.template_file, *tokenizer);
+  } else if (a.template_name) {
     const auto format = model::parse_chat_format(*a.template_name);
     if (!format) fail(Errc::usage, "[chat] --template {}: expected chatml or llama3", *a.template_name);
-    if (*format != tmpl.format) tmpl = {*format, std::nullopt};
+    tmpl = model::builtin_chat_template(*format, *tokenizer);
+  } else {
+    tmpl = model::chat_template_for(a.model, *tokenizer);
   }
   model::SamplerOptions sampler = a.sampler;
   sampler.seed = a.seed ? *a.seed : std::random_device{}();
@@ -74,11 +78,14 @@ void run(const Args& a) {
 
 void setup(CLI::App& root) {
   auto args = std::make_shared<Args>();
-  auto* cmd = root.add_subcommand("chat", "Chat with an instruction-tuned model (ChatML or Llama-3 template)");
+  auto* cmd = root.add_subcommand("chat", "Chat with an instruction-tuned model through its own chat template");
   cmd->add_option("model", args->model, "Model: GGUF file, HF directory, lowbit artifact")->required();
   cmd->add_option("-p,--message", args->message, "One user message; without it, read messages from stdin");
   cmd->add_option("--system", args->system, "System prompt (default: the template's own, if any)");
-  cmd->add_option("--template", args->template_name, "chatml or llama3 (default: recognized from the model)");
+  auto* builtin = cmd->add_option("--template", args->template_name,
+                                  "Built-in chatml or llama3 template instead of the model's own");
+  cmd->add_option("--chat-template", args->template_file, "Jinja chat template file instead of the model's own")
+      ->excludes(builtin);
   cmd->add_option("-n,--max-tokens", args->max_tokens, "Most tokens per reply")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();

@@ -1,5 +1,7 @@
 #include <algorithm>
 #include <chrono>
+#include <fstream>
+#include <sstream>
 
 #include "lowbit/core/error.h"
 #include "lowbit/model/chat.h"
@@ -9,34 +11,35 @@
 namespace lowbit::model {
 namespace {
 
-constexpr std::string_view kChatmlStart = "<|im_start|>", kChatmlEnd = "<|im_end|>";
-constexpr std::string_view kLlama3Header = "<|start_header_id|>", kLlama3HeaderEnd = "<|end_header_id|>";
-constexpr std::string_view kLlama3Bos = "<|begin_of_text|>", kLlama3Eot = "<|eot_id|>";
+// Plain ChatML, and Llama-3 as its early templates wrote it (no tools, no dates): the fallback when a model stores
+// no template, and what --template picks.
+constexpr std::string_view kChatmlTemplate =
+    "{%- for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}";
+constexpr std::string_view kLlama3Template =
+    "{{- bos_token }}"
+    "{%- for message in messages %}"
+    "{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + message['content'] + '<|eot_id|>' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}";
 
-// A fixed system prompt written out in a ChatML template ("<|im_start|>system\nYou are ...<|im_end|>"), as
-// opposed to one built from the messages (which has quotes or expressions before the end marker).
-std::optional<std::string> literal_system_prompt(std::string_view jinja) {
-  const std::string head = std::string(kChatmlStart) + "system";
-  for (size_t at = jinja.find(head); at != std::string_view::npos; at = jinja.find(head, at + 1)) {
-    std::string_view rest = jinja.substr(at + head.size());
-    if (rest.starts_with("\\n")) rest.remove_prefix(2);
-    else if (rest.starts_with("\n")) rest.remove_prefix(1);
-    else continue;
-    const size_t end = rest.find(kChatmlEnd);
-    if (end == std::string_view::npos || end == 0) continue;
-    const std::string_view text = rest.substr(0, end);
-    if (text.find_first_of("'\"{}+") == std::string_view::npos) return std::string(text);
-  }
-  return std::nullopt;
+// Tokens that end an assistant turn in the templates lowbit meets (ChatML, Llama-3, Gemma, Phi-3/4).
+constexpr std::string_view kEndOfTurnTokens[] = {"<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>"};
+
+std::optional<std::string> read_text_file(const std::filesystem::path& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return std::nullopt;
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (!in) fail_errno("chat", path.string());
+  return text.str();
 }
 
-bool contains(std::string_view haystack, std::string_view needle) { return haystack.find(needle) != std::string_view::npos; }
-
-std::optional<std::string> stored_template(const std::filesystem::path& model_path) {
-  std::error_code ec;
-  if (std::filesystem::is_directory(model_path, ec)) return read_chat_template(model_path / "tokenizer_config.json");
-  if (is_gguf_file(model_path)) return gguf_chat_template(io::GgufFile::open(model_path));
-  return std::nullopt;
+std::string token_string(const Tokenizer& tokenizer, std::optional<int32_t> id) {
+  return id ? tokenizer.token_text(*id) : std::string();
 }
 
 using Clock = std::chrono::steady_clock;
@@ -50,46 +53,95 @@ std::optional<ChatFormat> parse_chat_format(std::string_view name) {
   return std::nullopt;
 }
 
-std::optional<ChatTemplate> recognize_chat_template(std::string_view jinja) {
-  if (contains(jinja, kLlama3Header) && contains(jinja, kLlama3Eot)) return ChatTemplate{ChatFormat::llama3, std::nullopt};
-  if (contains(jinja, kChatmlStart) && contains(jinja, kChatmlEnd))
-    return ChatTemplate{ChatFormat::chatml, literal_system_prompt(jinja)};
+ChatTemplate make_chat_template(std::string_view source, std::string name, const Tokenizer& tokenizer) {
+  const std::vector<int32_t> eos = tokenizer.eos_ids();
+  return {std::make_shared<const jinja::Template>(source, std::move(name)), token_string(tokenizer, tokenizer.bos_id()),
+          token_string(tokenizer, eos.empty() ? std::nullopt : std::optional(eos.front()))};
+}
+
+std::string_view builtin_chat_template_source(ChatFormat format) {
+  return format == ChatFormat::llama3 ? kLlama3Template : kChatmlTemplate;
+}
+
+ChatTemplate builtin_chat_template(ChatFormat format, const Tokenizer& tokenizer) {
+  return make_chat_template(builtin_chat_template_source(format),
+                            format == ChatFormat::llama3 ? "builtin llama3" : "builtin chatml", tokenizer);
+}
+
+ChatTemplate chat_template_from_file(const std::filesystem::path& file, const Tokenizer& tokenizer) {
+  const auto source = read_text_file(file);
+  if (!source) fail(Errc::missing_file, "[chat] {}: no such chat template file", file.string());
+  return make_chat_template(*source, file.string(), tokenizer);
+}
+
+std::optional<std::string> stored_chat_template(const std::filesystem::path& model_path) {
+  std::error_code ec;
+  if (is_gguf_file(model_path)) return gguf_chat_template(io::GgufFile::open(model_path));
+  if (!std::filesystem::is_directory(model_path, ec)) return std::nullopt;
+  if (auto text = read_text_file(model_path / "chat_template.jinja")) return text;
+  if (auto text = read_chat_template(model_path / "tokenizer_config.json")) return text;
+  if (auto text = read_chat_template(model_path / "chat_template.json")) return text;
+  for (const auto& entry : std::filesystem::directory_iterator(model_path, ec))  // an artifact of a GGUF source
+    if (entry.path().extension() == ".gguf" && is_gguf_file(entry.path()))
+      if (auto text = gguf_chat_template(io::GgufFile::open(entry.path()))) return text;
   return std::nullopt;
 }
 
 ChatTemplate chat_template_for(const std::filesystem::path& model_path, const Tokenizer& tokenizer) {
-  if (const auto jinja = stored_template(model_path))
-    if (auto tmpl = recognize_chat_template(*jinja)) return *tmpl;
-  if (tokenizer.token_id(kLlama3Header) && tokenizer.token_id(kLlama3Eot)) return {ChatFormat::llama3, std::nullopt};
-  if (tokenizer.token_id(kChatmlStart) && tokenizer.token_id(kChatmlEnd)) return {ChatFormat::chatml, std::nullopt};
-  fail(Errc::unsupported, "[chat] {}: no ChatML or Llama-3 chat template found; pass --template", model_path.string());
+  if (const auto source = stored_chat_template(model_path)) return make_chat_template(*source, model_path.string(), tokenizer);
+  if (tokenizer.token_id("<|start_header_id|>") && tokenizer.token_id("<|eot_id|>"))
+    return builtin_chat_template(ChatFormat::llama3, tokenizer);
+  if (tokenizer.token_id("<|im_start|>") && tokenizer.token_id("<|im_end|>"))
+    return builtin_chat_template(ChatFormat::chatml, tokenizer);
+  fail(Errc::unsupported, "[chat] {}: no chat template stored with the model and no ChatML or Llama-3 tokens; "
+       "pass --template or --chat-template", model_path.string());
 }
 
-std::string render_chat(const ChatTemplate& tmpl, const std::vector<ChatMessage>& messages, bool add_generation_prompt) {
-  std::string out;
-  if (tmpl.format == ChatFormat::llama3) {
-    out = kLlama3Bos;
-    auto header = [&](std::string_view role) {
-      out.append(kLlama3Header).append(role).append(kLlama3HeaderEnd).append("\n\n");
-    };
-    for (const auto& m : messages) {
-      header(m.role);
-      out.append(m.content).append(kLlama3Eot);
-    }
-    if (add_generation_prompt) header("assistant");
-    return out;
+std::string render_chat(const ChatTemplate& tmpl, const std::vector<ChatMessage>& messages, bool add_generation_prompt,
+                        const jinja::Json& extra) {
+  jinja::Json list = jinja::Json::array();
+  for (const auto& m : messages) list.push_back({{"role", m.role}, {"content", m.content}});
+  return render_chat(tmpl, list, nullptr, add_generation_prompt, extra);
+}
+
+std::string render_chat(const ChatTemplate& tmpl, const jinja::Json& messages, const jinja::Json& tools,
+                        bool add_generation_prompt, const jinja::Json& extra) {
+  jinja::Json variables = {{"messages", messages},
+                           {"tools", tools},
+                           {"documents", nullptr},
+                           {"add_generation_prompt", add_generation_prompt},
+                           {"bos_token", tmpl.bos_token},
+                           {"eos_token", tmpl.eos_token}};
+  for (const auto& [k, v] : extra.items()) variables[k] = v;
+  return tmpl.jinja->render(variables);
+}
+
+ParsedReply parse_tool_calls(std::string_view reply) {
+  constexpr std::string_view open = "<tool_call>", close = "</tool_call>";
+  ParsedReply parsed;
+  size_t pos = 0;
+  while (true) {
+    const size_t begin = reply.find(open, pos);
+    const size_t end = begin == std::string_view::npos ? begin : reply.find(close, begin + open.size());
+    if (end == std::string_view::npos) break;
+    const std::string_view body = reply.substr(begin + open.size(), end - begin - open.size());
+    auto call = jinja::Json::parse(body, nullptr, false);
+    auto args = call.is_object() ? call.value("arguments", jinja::Json::object()) : jinja::Json();
+    if (args.is_string()) args = jinja::Json::parse(args.get<std::string>(), nullptr, false);
+    const bool valid = call.is_object() && call.contains("name") && call["name"].is_string() && args.is_object();
+    parsed.content.append(reply.substr(pos, begin - pos));
+    if (valid) parsed.tool_calls.push_back({call["name"].get<std::string>(), std::move(args)});
+    else parsed.content.append(reply.substr(begin, end + close.size() - begin));
+    pos = end + close.size();
   }
-  auto turn = [&](std::string_view role) { out.append(kChatmlStart).append(role).append("\n"); };
-  if (tmpl.default_system && (messages.empty() || messages.front().role != "system")) {
-    turn("system");
-    out.append(*tmpl.default_system).append(kChatmlEnd).append("\n");
+  parsed.content.append(reply.substr(pos));
+  if (!parsed.tool_calls.empty()) {
+    const size_t first = parsed.content.find_first_not_of(" \t\r\n");
+    parsed.content = first == std::string::npos
+                         ? std::string()
+                         : parsed.content.substr(first, parsed.content.find_last_not_of(" \t\r\n") - first + 1);
   }
-  for (const auto& m : messages) {
-    turn(m.role);
-    out.append(m.content).append(kChatmlEnd).append("\n");
-  }
-  if (add_generation_prompt) turn("assistant");
-  return out;
+  return parsed;
 }
 
 ChatSession::ChatSession(const Model& model, const Tokenizer& tokenizer, ChatTemplate tmpl, int64_t context,
@@ -106,11 +158,21 @@ GenerateStats ChatSession::reply(const std::string& user_message, int64_t max_to
                                  const std::function<void(std::string_view)>& emit) {
   messages_.push_back({"user", user_message});
   const std::string full = render_chat(template_, messages_, true);
-  if (full.compare(0, text_.size(), text_) != 0) fail(Errc::internal, "[chat] the rendered conversation changed");
-  const std::vector<int32_t> fresh = tokenizer_.encode(std::string_view(full).substr(text_.size()), false, true);
+  std::vector<int32_t> fresh;
+  if (full.compare(0, text_.size(), text_) == 0) {
+    fresh = tokenizer_.encode(std::string_view(full).substr(text_.size()), false, true);
+  } else {
+    // Templates may re-render earlier turns (Qwen3 drops past reasoning, Llama-3.1 dates the system turn): keep
+    // the cached tokens the new rendering shares and prefill the rest over what followed them.
+    fresh = tokenizer_.encode(full, false, true);
+    const auto diverge = std::mismatch(tokens_.begin(), tokens_.end(), fresh.begin(), fresh.end()).first;
+    tokens_.erase(diverge, tokens_.end());
+    fresh.erase(fresh.begin(), fresh.begin() + static_cast<std::ptrdiff_t>(tokens_.size()));
+  }
   const auto pos = static_cast<int64_t>(tokens_.size());
   if (pos + static_cast<int64_t>(fresh.size()) >= cache_.capacity())
     fail(Errc::limit, "[chat] the conversation needs more than the {} tokens of context", cache_.capacity());
+  if (fresh.empty()) fail(Errc::internal, "[chat] the rendered conversation added no tokens");
   text_ = full;
 
   GenerateStats stats;
@@ -123,7 +185,7 @@ GenerateStats ChatSession::reply(const std::string& user_message, int64_t max_to
 
   std::vector<int32_t> stops = tokenizer_.eos_ids();
   stops.insert(stops.end(), model_.config.eos_ids.begin(), model_.config.eos_ids.end());
-  for (auto end : {kChatmlEnd, kLlama3Eot})
+  for (auto end : kEndOfTurnTokens)
     if (auto id = tokenizer_.token_id(end)) stops.push_back(*id);
 
   std::string answer;

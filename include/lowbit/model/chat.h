@@ -1,8 +1,10 @@
-// Chat: the prompt formats of instruction-tuned models (ChatML, Llama-3), recognized from a model's Jinja chat
-// template string (tokenizer_config.json or GGUF tokenizer.chat_template) rather than by running Jinja, and a
-// session that keeps the KV cache across turns so each turn only prefills its new tokens.
+// Chat: a model's own Jinja chat template (chat_template.jinja, tokenizer_config.json, chat_template.json or GGUF
+// tokenizer.chat_template) executed by the Jinja interpreter, built-in ChatML and Llama-3 templates as the fallback,
+// tool calls parsed out of replies, and a session that keeps the KV cache across turns so each turn only prefills
+// the tokens its rendering changed.
 #pragma once
 
+#include <filesystem>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -12,6 +14,7 @@
 #include <vector>
 
 #include "lowbit/model/generate.h"
+#include "lowbit/model/jinja.h"
 #include "lowbit/model/model.h"
 
 namespace lowbit::model {
@@ -24,22 +27,49 @@ struct ChatMessage {
 };
 
 struct ChatTemplate {
-  ChatFormat format = ChatFormat::chatml;
-  // The system prompt the template inserts when the conversation has none (SmolLM2, Qwen2.5 do).
-  std::optional<std::string> default_system;
+  std::shared_ptr<const jinja::Template> jinja;
+  std::string bos_token, eos_token;  // the template variables of those names
 };
 
 // "chatml" or "llama3"; nullopt otherwise.
 std::optional<ChatFormat> parse_chat_format(std::string_view name);
-// Recognizes a Jinja template by its markers; nullopt when it is neither ChatML nor Llama-3.
-std::optional<ChatTemplate> recognize_chat_template(std::string_view jinja);
-// The template of a model: from GGUF metadata or tokenizer_config.json beside it, else guessed from the
-// tokenizer's special tokens. Errc::unsupported when none fits (pass --template).
+// The Jinja source of a built-in template (plain ChatML; Llama-3 without tools or dates).
+std::string_view builtin_chat_template_source(ChatFormat format);
+ChatTemplate builtin_chat_template(ChatFormat format, const Tokenizer& tokenizer);
+// `source` compiled as a chat template; `name` appears in errors.
+ChatTemplate make_chat_template(std::string_view source, std::string name, const Tokenizer& tokenizer);
+// A template file given by the user (--chat-template FILE). Errc::missing_file when it cannot be read.
+ChatTemplate chat_template_from_file(const std::filesystem::path& file, const Tokenizer& tokenizer);
+// The template string stored with a model, if any: a directory's chat_template.jinja, tokenizer_config.json
+// "chat_template" or chat_template.json, a GGUF's tokenizer.chat_template (also a GGUF tokenizer inside an artifact).
+std::optional<std::string> stored_chat_template(const std::filesystem::path& model_path);
+// The template of a model: its stored one, else a built-in one guessed from the tokenizer's special tokens.
+// Errc::unsupported when none fits (pass --template or --chat-template).
 ChatTemplate chat_template_for(const std::filesystem::path& model_path, const Tokenizer& tokenizer);
 
-// The prompt text for `messages`, ending with the assistant header when add_generation_prompt. Rendering is
-// prefix-stable: the text of a conversation is a prefix of the text of any continuation of it.
-std::string render_chat(const ChatTemplate& tmpl, const std::vector<ChatMessage>& messages, bool add_generation_prompt);
+// The prompt text for `messages` (HF apply_chat_template's variables: messages, tools, add_generation_prompt,
+// bos_token, eos_token, plus `extra`, e.g. {"enable_thinking": false}).
+std::string render_chat(const ChatTemplate& tmpl, const std::vector<ChatMessage>& messages, bool add_generation_prompt,
+                        const jinja::Json& extra = jinja::Json::object());
+// The same for OpenAI-style JSON messages (tool_calls, tool results, content parts) and tool definitions (an array,
+// or null for none).
+std::string render_chat(const ChatTemplate& tmpl, const jinja::Json& messages, const jinja::Json& tools,
+                        bool add_generation_prompt, const jinja::Json& extra = jinja::Json::object());
+
+// A tool call a model wrote in its reply.
+struct ToolCall {
+  std::string name;
+  jinja::Json arguments;  // an object
+};
+
+struct ParsedReply {
+  std::string content;  // the reply without its tool-call blocks (trimmed of the whitespace they leave)
+  std::vector<ToolCall> tool_calls;
+};
+
+// Splits Qwen/Hermes-style `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks out of a reply.
+// "arguments" may also be a JSON string holding the object. A block that is not such JSON stays in `content`.
+ParsedReply parse_tool_calls(std::string_view reply);
 
 // A conversation with one model: each reply continues the KV cache of the turns before it.
 class ChatSession {
