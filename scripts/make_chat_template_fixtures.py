@@ -109,6 +109,31 @@ CONVERSATIONS = {
         ],
         "tools": TOOLS,
     },
+    "openai_tool_calls": {  # as OpenAI clients send them: arguments a JSON string, two calls, reasoning apart
+        "messages": [
+            {"role": "system", "content": "Use tools when needed."},
+            {"role": "user", "content": "Weather and time in Oslo?"},
+            {
+                "role": "assistant",
+                "content": None,
+                "reasoning_content": "Two lookups.",
+                "tool_calls": [
+                    {"id": "call00001", "type": "function",
+                     "function": {"name": "get_weather", "arguments": "{\"city\": \"Oslo\"}"}},
+                    {"id": "call00002", "type": "function", "function": {"name": "get_time", "arguments": "{}"}},
+                ],
+            },
+            {"role": "tool", "tool_call_id": "call00001", "content": "-2 °C"},
+            {"role": "tool", "tool_call_id": "call00002", "content": "09:41"},
+        ],
+        "tools": TOOLS,
+    },
+    "content_parts": {
+        "messages": [
+            {"role": "system", "content": [{"type": "text", "text": "Be concise."}]},
+            {"role": "user", "content": [{"type": "text", "text": "Describe "}, {"type": "text", "text": "this."}]},
+        ]
+    },
     "thinking": {
         "messages": [
             {"role": "user", "content": "Is 17 prime?"},
@@ -117,6 +142,9 @@ CONVERSATIONS = {
         ]
     },
 }
+
+
+ENDS_ELSEWHERE = {"system_multi", "tool_call", "openai_tool_calls"}
 
 
 class GenerationTag(jinja2.ext.Extension):
@@ -179,7 +207,9 @@ def main():
         cases = []
         for conversation, data in CONVERSATIONS.items():
             for options in option_sets(source):
-                for add_generation_prompt in (True, False):
+                # Without the generation prompt only for the multi-turn and tool conversations (the rest differ only
+                # in the final header).
+                for add_generation_prompt in (True, False) if conversation in ENDS_ELSEWHERE else (True,):
                     variables = {
                         "messages": data["messages"],
                         "tools": data.get("tools"),
@@ -197,7 +227,7 @@ def main():
                     cases.append(case)
         out = {"template": path.name, "bos_token": bos, "eos_token": eos, "now": NOW.isoformat(), "cases": cases}
         expected = path.with_name(path.stem + ".expected.json")
-        expected.write_text(json.dumps(out, ensure_ascii=False, indent=1) + "\n")
+        expected.write_text(json.dumps(out, ensure_ascii=False, indent=0) + "\n")
         errors = sum("error" in c for c in cases)
         print(f"{path.name}: {len(cases)} cases, {errors} refused by the template")
 

@@ -110,14 +110,26 @@ std::string py_capitalize(std::string_view s) {
   return out;
 }
 
-std::string py_replace(std::string_view s, std::string_view from, std::string_view to, int64_t count) {
+// Values nested deeper than this (hostile JSON input) are refused rather than recursed into.
+constexpr int kMaxValueDepth = 512;
+
+void check_value_depth(int level) {
+  if (level > kMaxValueDepth) fail(Errc::limit, "[jinja] a value is nested deeper than {} levels", kMaxValueDepth);
+}
+
+// str.replace, failing once the result would exceed max_bytes.
+std::string py_replace(std::string_view s, std::string_view from, std::string_view to, int64_t count, size_t max_bytes) {
   std::string out;
+  auto check = [&] {
+    if (out.size() > max_bytes) fail(Errc::limit, "[jinja] replace: the result exceeds {} bytes", max_bytes);
+  };
   size_t pos = 0;
   if (from.empty()) {  // Python inserts `to` between characters and at both ends
     const std::u32string u = to_u32(s);
     for (size_t i = 0; i <= u.size(); ++i) {
       if (count < 0 || static_cast<int64_t>(i) < count) out += to;
       if (i < u.size()) append_utf8(out, u[i]);
+      check();
     }
     return out;
   }
@@ -125,6 +137,7 @@ std::string py_replace(std::string_view s, std::string_view from, std::string_vi
     const size_t at = s.find(from, pos);
     if (at == std::string_view::npos) break;
     out.append(s.substr(pos, at - pos)).append(to);
+    check();
     pos = at + from.size();
   }
   out.append(s.substr(pos));
@@ -183,7 +196,14 @@ std::string py_str_repr(std::string_view s) {
   return out;
 }
 
-void py_repr(const Json& j, std::string& out);
+void py_repr(const Json& j, std::string& out, int level = 0);
+
+// Python dicts may have integer keys (ByteDance-Seed's budget table does); JSON objects have string keys, so an
+// integer key is stored as \x01 and its digits.
+constexpr char kIntKey = '\x01';
+std::string int_key(int64_t k) { return kIntKey + std::to_string(k); }
+bool is_int_key(const std::string& k) { return !k.empty() && k[0] == kIntKey; }
+Json key_value(const std::string& k) { return is_int_key(k) ? Json(std::stoll(k.substr(1))) : Json(k); }
 
 // Python's str() of a JSON value: strings bare, containers as their repr.
 std::string py_str(const Json& j) {
@@ -202,14 +222,15 @@ std::string py_str(const Json& j) {
   }
 }
 
-void py_repr(const Json& j, std::string& out) {
+void py_repr(const Json& j, std::string& out, int level) {
+  check_value_depth(level);
   if (j.is_string()) {
     out += py_str_repr(j.get_ref<const std::string&>());
   } else if (j.is_array()) {
     out += '[';
     for (size_t i = 0; i < j.size(); ++i) {
       if (i) out += ", ";
-      py_repr(j[i], out);
+      py_repr(j[i], out, level + 1);
     }
     out += ']';
   } else if (j.is_object()) {
@@ -218,9 +239,9 @@ void py_repr(const Json& j, std::string& out) {
     for (const auto& [k, v] : j.items()) {
       if (!first) out += ", ";
       first = false;
-      out += py_str_repr(k);
+      out += is_int_key(k) ? k.substr(1) : py_str_repr(k);
       out += ": ";
-      py_repr(v, out);
+      py_repr(v, out, level + 1);
     }
     out += '}';
   } else {
@@ -234,6 +255,7 @@ struct DumpStyle {
   std::string item_sep = ", ", key_sep = ": ";
   bool sort_keys = false;
   bool ensure_ascii = false;
+  size_t max_bytes = SIZE_MAX;
 };
 
 void dump_string(std::string_view s, std::string& out, bool ensure_ascii) {
@@ -264,7 +286,9 @@ void dump_string(std::string_view s, std::string& out, bool ensure_ascii) {
 }
 
 void dumps(const Json& j, const DumpStyle& style, int level, std::string& out) {
+  check_value_depth(level);
   auto newline = [&](int l) {
+    if (out.size() > style.max_bytes) fail(Errc::limit, "[jinja] tojson: the result exceeds {} bytes", style.max_bytes);
     if (!style.indent) return;
     out += '\n';
     for (int i = 0; i < l; ++i) out += *style.indent;
@@ -306,7 +330,7 @@ void dumps(const Json& j, const DumpStyle& style, int level, std::string& out) {
       for (size_t i = 0; i < items.size(); ++i) {
         if (i) out += style.item_sep;
         newline(level + 1);
-        dump_string(*items[i].first, out, style.ensure_ascii);
+        dump_string(is_int_key(*items[i].first) ? items[i].first->substr(1) : *items[i].first, out, style.ensure_ascii);
         out += style.key_sep;
         dumps(*items[i].second, style, level + 1, out);
       }
@@ -1108,6 +1132,12 @@ struct Value {
   std::shared_ptr<const Function> fn;
   std::shared_ptr<Json> ns;  // a namespace's attributes: an object shared by every copy of the value
   std::shared_ptr<const LoopState> loop;  // a for loop's "loop" variable
+  // What select/map/unique/items return in Python: an iterator, always true, without len(), not JSON. Its items
+  // are computed at once (data holds them as an array) but it behaves as Jinja2's generator does.
+  bool generator = false;
+  // A markupsafe.Markup string (from |safe or |escape): concatenated with a plain string it HTML-escapes that
+  // string, as Python does, even though the environment does not autoescape.
+  bool markup = false;
   std::string name;          // what an undefined value was looked up as, for errors
 
   static Value of(Json j) { return part(std::make_shared<const Json>(std::move(j))); }
@@ -1243,6 +1273,7 @@ class Renderer {
       case Value::Kind::loop: return true;
       case Value::Kind::data: break;
     }
+    if (v.generator) return true;
     const Json& j = *v.data;
     switch (j.type()) {
       case Json::value_t::null: return false;
@@ -1261,13 +1292,14 @@ class Renderer {
       case Value::Kind::function: return "<function>";
       case Value::Kind::ns: return "<Namespace " + py_str(*v.ns) + ">";
       case Value::Kind::loop: return "<LoopContext>";
-      case Value::Kind::data: return py_str(*v.data);
+      case Value::Kind::data: return v.generator ? "<generator object>" : py_str(*v.data);
     }
     return "";
   }
 
   const Json& data(const Value& v, std::string_view what) const {
     if (v.kind == Value::Kind::undefined) error(fmt::format("'{}' is undefined", v.name));
+    if (v.generator) error(fmt::format("{}: a generator (select, map, ...) has no length or value; add '| list'", what));
     if (v.kind == Value::Kind::ns) return *v.ns;
     if (v.kind != Value::Kind::data) error(fmt::format("{}: expected a value, got a function or loop", what));
     return *v.data;
@@ -1288,17 +1320,47 @@ class Renderer {
   std::vector<Value> iterate(const Value& v, std::string_view what) {
     std::vector<Value> items;
     if (v.kind == Value::Kind::undefined) return items;
-    const Json& j = data(v, what);
+    const Json& j = v.generator ? *v.data : data(v, what);
     if (j.is_array()) {
       for (const auto& e : j) items.push_back(v.is_data() ? Value::part(v.data, e) : Value::of(e));
     } else if (j.is_object()) {
-      for (const auto& [k, e] : j.items()) items.push_back(Value::of(k));
+      for (const auto& [k, e] : j.items()) items.push_back(Value::of(key_value(k)));
     } else if (j.is_string()) {
       for (char32_t c : to_u32(j.get_ref<const std::string&>())) items.push_back(Value::of(from_u32({&c, 1})));
     } else {
       error(fmt::format("{}: {} is not iterable", what, j.type_name()));
     }
     return items;
+  }
+
+  static std::string html_escape(std::string_view s) {
+    std::string out;
+    for (char c : s) {
+      switch (c) {
+        case '&': out += "&amp;"; break;
+        case '<': out += "&lt;"; break;
+        case '>': out += "&gt;"; break;
+        case '"': out += "&#34;"; break;
+        case '\'': out += "&#39;"; break;
+        default: out += c;
+      }
+    }
+    return out;
+  }
+
+  Value markup(std::string s) {
+    Value v = string_value(std::move(s));
+    v.markup = true;
+    return v;
+  }
+
+  // Filters that keep a Markup string Markup (Python's str methods on Markup return Markup).
+  Value like(const Value& source, std::string s) { return source.markup ? markup(std::move(s)) : Value::of(std::move(s)); }
+
+  static Value generator(Json items) {
+    Value v = Value::of(std::move(items));
+    v.generator = true;
+    return v;
   }
 
   static Json to_json_list(const std::vector<Value>& items, const Renderer& r) {
@@ -1462,8 +1524,7 @@ class Renderer {
         Json out = Json::object();
         for (size_t i = 0; i + 1 < e.args.size(); i += 2) {
           const Value key = eval(*e.args[i]);
-          if (!key.is_string()) error("dict keys must be strings");
-          out[key.str()] = data(eval(*e.args[i + 1]), "dict");
+          out[dict_key(key)] = data(eval(*e.args[i + 1]), "dict");
         }
         return Value::of(std::move(out));
       }
@@ -1520,6 +1581,12 @@ class Renderer {
     return args;
   }
 
+  std::string dict_key(const Value& key) const {
+    if (key.is_string()) return key.str();
+    if (key.is_data() && key.json().is_number_integer()) return int_key(key.json().get<int64_t>());
+    error("dict keys must be strings or integers");
+  }
+
   Value get_attr(const Value& object, const std::string& attr) {
     if (object.kind == Value::Kind::undefined) error(fmt::format("'{}' is undefined", object.name));
     if (object.kind == Value::Kind::ns) {
@@ -1566,6 +1633,11 @@ class Renderer {
     }
     if (object.kind != Value::Kind::data) return Value::undefined(to_str(key));
     const Json& j = object.json();
+    if (j.is_object() && key.is_data() && key.json().is_number_integer()) {
+      const auto it = j.find(int_key(key.json().get<int64_t>()));
+      if (it != j.end()) return Value::part(object.data, *it);
+      return Value::undefined(to_str(key));
+    }
     if (j.is_object() && key.is_string()) {
       const auto it = j.find(key.str());
       if (it != j.end()) return Value::part(object.data, *it);
@@ -1647,6 +1719,7 @@ class Renderer {
   bool equal(const Value& a, const Value& b) const {
     if (!a.defined() || !b.defined()) return a.defined() == b.defined();
     if (!a.is_data() || !b.is_data()) return a.fn == b.fn && a.ns == b.ns;
+    if (a.generator || b.generator) return a.data == b.data;
     const Json &x = a.json(), &y = b.json();
     if (is_number(x) && is_number(y)) {
       if (is_int(x) && is_int(y)) return as_int(x) == as_int(y);
@@ -1667,12 +1740,18 @@ class Renderer {
 
   bool contains(const Value& container, const Value& item) {
     if (!container.defined()) return false;
+    if (container.generator) {
+      for (const Value& e : iterate(container, "in"))
+        if (equal(e, item)) return true;
+      return false;
+    }
     const Json& c = data(container, "in");
     if (c.is_string()) {
       if (!item.is_string()) error("'in <string>' requires a string as left operand");
       return c.get_ref<const std::string&>().find(item.str()) != std::string::npos;
     }
-    if (c.is_object()) return item.is_string() && c.contains(item.str());
+    if (c.is_object())
+      return (item.is_string() || (item.is_data() && item.json().is_number_integer())) && c.contains(dict_key(item));
     if (c.is_array()) {
       for (const auto& e : c)
         if (equal(Value::part(container.data, e), item)) return true;
@@ -1782,6 +1861,8 @@ class Renderer {
     const Value rhs = eval(*e.args[1]);
     line_ = e.line;
     if (op == "~") return string_value(to_str(lhs) + to_str(rhs));
+    if (op == "+" && (lhs.markup || rhs.markup) && lhs.is_string() && rhs.is_string())
+      return markup((lhs.markup ? lhs.str() : html_escape(lhs.str())) + (rhs.markup ? rhs.str() : html_escape(rhs.str())));
     if (op == "==") return Value::of(equal(lhs, rhs));
     if (op == "!=") return Value::of(!equal(lhs, rhs));
     if (op == "<") return Value::of(compare(lhs, rhs, op) < 0);
@@ -1818,12 +1899,12 @@ class Renderer {
     if (j.is_object()) {
       if (name == "items") {
         Json out = Json::array();
-        for (const auto& [k, v] : j.items()) out.push_back(Json::array({k, v}));
+        for (const auto& [k, v] : j.items()) out.push_back(Json::array({key_value(k), v}));
         return Value::of(std::move(out));
       }
       if (name == "keys" || name == "values") {
         Json out = Json::array();
-        for (const auto& [k, v] : j.items()) out.push_back(name == "keys" ? Json(k) : v);
+        for (const auto& [k, v] : j.items()) out.push_back(name == "keys" ? key_value(k) : v);
         return Value::of(std::move(out));
       }
       const std::string& key = string_arg(args.get(0, "key"), "get");
@@ -1851,11 +1932,11 @@ class Renderer {
       return string_arg(v, name);
     };
     if (name == "strip" || name == "lstrip" || name == "rstrip")
-      return Value::of(py_strip(s, opt_str(0, "chars"), name != "rstrip", name != "lstrip"));
-    if (name == "upper") return Value::of(map_chars(s, ascii_upper));
-    if (name == "lower") return Value::of(map_chars(s, ascii_lower));
-    if (name == "title") return Value::of(py_title(s));
-    if (name == "capitalize") return Value::of(py_capitalize(s));
+      return like(self, py_strip(s, opt_str(0, "chars"), name != "rstrip", name != "lstrip"));
+    if (name == "upper") return like(self, map_chars(s, ascii_upper));
+    if (name == "lower") return like(self, map_chars(s, ascii_lower));
+    if (name == "title") return like(self, py_title(s));
+    if (name == "capitalize") return like(self, py_capitalize(s));
     if (name == "startswith" || name == "endswith") {
       const Value* arg = args.get(0, "prefix");
       if (!arg || !arg->is_data()) error(fmt::format("{}() takes a string", name));
@@ -1883,7 +1964,7 @@ class Renderer {
     if (name == "replace") {
       const Value* count = args.get(2, "count");
       return string_value(py_replace(s, string_arg(args.get(0, "old"), name), string_arg(args.get(1, "new"), name),
-                                     count ? int_arg(count, name) : -1));
+                                     count ? int_arg(count, name) : -1, options_.limits.max_output_bytes));
     }
     if (name == "find" || name == "rfind" || name == "count") {
       const std::string& sub = string_arg(args.get(0, "sub"), name);
@@ -2070,7 +2151,8 @@ class Renderer {
       }
       return v;
     }
-    if (name == "safe" || (name == "string" && v.is_string())) return v;
+    if (name == "safe") return v.is_string() && !v.markup ? markup(v.str()) : v.is_string() ? v : markup(to_str(v));
+    if (name == "string" && v.is_string()) return v;
     if (name == "string") return Value::of(to_str(v));
     if (name == "length" || name == "count") {
       if (!v.defined()) return Value::of(0);
@@ -2082,16 +2164,17 @@ class Renderer {
     if (name == "tojson") return string_value(tojson(v, a));
     if (name == "trim") {
       const Value* chars = a.get(0, "chars");
-      return Value::of(py_strip(to_str(v), chars && !chars->is_none() ? std::optional(string_arg(chars, name)) : std::nullopt, true, true));
+      return like(v, py_strip(to_str(v), chars && !chars->is_none() ? std::optional(string_arg(chars, name)) : std::nullopt, true, true));
     }
-    if (name == "upper") return Value::of(map_chars(to_str(v), ascii_upper));
-    if (name == "lower") return Value::of(map_chars(to_str(v), ascii_lower));
-    if (name == "capitalize") return Value::of(py_capitalize(to_str(v)));
-    if (name == "title") return Value::of(py_title(to_str(v)));
+    if (name == "upper") return like(v, map_chars(to_str(v), ascii_upper));
+    if (name == "lower") return like(v, map_chars(to_str(v), ascii_lower));
+    if (name == "capitalize") return like(v, py_capitalize(to_str(v)));
+    if (name == "title") return like(v, py_title(to_str(v)));
     if (name == "replace") {
       const Value* count = a.get(2, "count");
       return string_value(py_replace(to_str(v), to_str(*require(a.get(0, "old"), name)),
-                                     to_str(*require(a.get(1, "new"), name)), count ? int_arg(count, name) : -1));
+                                     to_str(*require(a.get(1, "new"), name)), count ? int_arg(count, name) : -1,
+                                     options_.limits.max_output_bytes));
     }
     if (name == "int") return to_int(v, a);
     if (name == "float") {
@@ -2123,6 +2206,7 @@ class Renderer {
       const double r = m == "floor" ? std::floor(x) : m == "ceil" ? std::ceil(x) : std::round(x);
       return Value::of(r / scale);
     }
+    if (name == "last" && v.generator) error("last: a generator cannot be reversed; add '| list'");
     if (name == "first" || name == "last") {
       const std::vector<Value> items = iterate(v, name);
       if (items.empty()) return Value::undefined(name);
@@ -2153,21 +2237,24 @@ class Renderer {
     }
     if (name == "items") {
       Json out = Json::array();
-      if (!v.defined()) return Value::of(std::move(out));
+      if (!v.defined()) return generator(std::move(out));
       const Json& j = data(v, name);
       if (!j.is_object()) error("items: expected a mapping");
-      for (const auto& [k, e] : j.items()) out.push_back(Json::array({k, e}));
-      return Value::of(std::move(out));
+      for (const auto& [k, e] : j.items()) out.push_back(Json::array({key_value(k), e}));
+      return generator(std::move(out));
     }
     if (name == "dictsort") {
       const Json& j = data(v, name);
       if (!j.is_object()) error("dictsort: expected a mapping");
-      std::vector<std::pair<std::string, Json>> items;
-      for (const auto& [k, e] : j.items()) items.emplace_back(k, e);
+      std::vector<std::pair<Json, Json>> items;
+      for (const auto& [k, e] : j.items()) items.emplace_back(key_value(k), e);
       const Value* cs = a.get(0, "case_sensitive");
       const bool case_sensitive = cs && truthy(*cs);
+      auto sort_key = [&](const Json& k) {
+        return Value::of(k.is_string() && !case_sensitive ? Json(map_chars(k.get<std::string>(), ascii_lower)) : k);
+      };
       std::stable_sort(items.begin(), items.end(), [&](auto& x, auto& y) {
-        return case_sensitive ? x.first < y.first : map_chars(x.first, ascii_lower) < map_chars(y.first, ascii_lower);
+        return compare(sort_key(x.first), sort_key(y.first), "dictsort") < 0;
       });
       Json out = Json::array();
       for (auto& [k, e] : items) out.push_back(Json::array({k, e}));
@@ -2181,15 +2268,17 @@ class Renderer {
       const Value* test = a.get(next, "test");
       Args test_args;
       for (size_t i = next + 1; i < a.positional.size(); ++i) test_args.positional.push_back(a.positional[i]);
+      if (!truthy(v)) return generator(std::move(out));
       for (const Value& item : iterate(v, name)) {
         const Value subject = by_attr ? get_attr_path(item, attr) : item;
         const bool pass = test ? apply_test(to_str(*test), subject, test_args) : truthy(subject);
         if (pass == keep) out.push_back(data(item, name));
       }
-      return Value::of(std::move(out));
+      return generator(std::move(out));
     }
     if (name == "map") {
       Json out = Json::array();
+      if (!truthy(v)) return generator(std::move(out));
       const std::vector<Value> items = iterate(v, name);
       for (const auto& [k, attr] : a.keyword) {
         if (k != "attribute") continue;
@@ -2199,14 +2288,14 @@ class Renderer {
           if (!x.defined() && def) x = *def;
           out.push_back(data(x, "map"));
         }
-        return Value::of(std::move(out));
+        return generator(std::move(out));
       }
       const std::string filter = to_str(*require(a.get(0, "filter"), name));
       Args rest;
       rest.positional.assign(a.positional.begin() + 1, a.positional.end());
       rest.keyword = a.keyword;
       for (const Value& item : items) out.push_back(data(apply_filter(filter, item, rest), "map"));
-      return Value::of(std::move(out));
+      return generator(std::move(out));
     }
     if (name == "unique") {
       Json out = Json::array();
@@ -2217,7 +2306,7 @@ class Renderer {
         seen.push_back(key);
         out.push_back(data(item, name));
       }
-      return Value::of(std::move(out));
+      return generator(std::move(out));
     }
     if (name == "sort") {
       std::vector<Value> items = iterate(v, name);
@@ -2247,20 +2336,7 @@ class Renderer {
       return best;
     }
     if (name == "indent") return Value::of(indent(to_str(v), a));
-    if (name == "escape" || name == "e") {
-      std::string out;
-      for (char c : to_str(v)) {
-        switch (c) {
-          case '&': out += "&amp;"; break;
-          case '<': out += "&lt;"; break;
-          case '>': out += "&gt;"; break;
-          case '"': out += "&#34;"; break;
-          case '\'': out += "&#39;"; break;
-          default: out += c;
-        }
-      }
-      return Value::of(std::move(out));
-    }
+    if (name == "escape" || name == "e") return v.markup ? v : markup(html_escape(to_str(v)));
     if (name == "format") {
       Json args = Json::array();
       for (const auto& p : a.positional) args.push_back(data(p, name));
@@ -2309,11 +2385,17 @@ class Renderer {
     return fallback;
   }
 
+  int64_t bounded_width(const Value* v, std::string_view what) const {
+    const int64_t width = int_arg(v, what);
+    if (width > 1024) error(fmt::format("{}: an indent of {} is beyond the 1024 allowed", what, width), Errc::limit);
+    return width;
+  }
+
   std::string indent(const std::string& s, const Args& a) {
     const Value* width = a.get(0, "width");
     std::string pad = "    ";
     if (width && width->is_string()) pad = width->str();
-    else if (width) pad = std::string(static_cast<size_t>(std::max<int64_t>(0, int_arg(width, "indent"))), ' ');
+    else if (width) pad = std::string(static_cast<size_t>(std::max<int64_t>(0, bounded_width(width, "indent"))), ' ');
     const Value* first = a.get(1, "first");
     const Value* blank = a.get(2, "blank");
     std::vector<std::string> lines;
@@ -2340,9 +2422,11 @@ class Renderer {
   std::string tojson(const Value& v, const Args& a) {
     const Json& j = data(v, "tojson");
     DumpStyle style;
+    style.max_bytes = options_.limits.max_output_bytes;
     if (const Value* ea = a.get(0, "ensure_ascii")) style.ensure_ascii = truthy(*ea);
     if (const Value* ind = a.get(1, "indent"); ind && !ind->is_none()) {
-      style.indent = ind->is_string() ? ind->str() : std::string(static_cast<size_t>(std::max<int64_t>(0, int_arg(ind, "tojson indent"))), ' ');
+      style.indent = ind->is_string() ? ind->str()
+                                      : std::string(static_cast<size_t>(std::max<int64_t>(0, bounded_width(ind, "tojson"))), ' ');
       style.item_sep = ",";
     }
     if (const Value* sep = a.get(2, "separators"); sep && !sep->is_none()) {
@@ -2361,6 +2445,10 @@ class Renderer {
   // --- tests
 
   bool apply_test(const std::string& name, const Value& v, const Args& a) {
+    if (v.generator && (name == "defined" || name == "iterable")) return true;
+    if (v.generator && name != "undefined" && name != "eq" && name != "equalto" && name != "==" && name != "sameas" &&
+        name != "ne" && name != "!=")
+      return false;
     const Json* j = v.is_data() ? &v.json() : nullptr;
     if (name == "defined") return v.defined();
     if (name == "undefined") return !v.defined();

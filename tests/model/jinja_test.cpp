@@ -137,6 +137,19 @@ TEST(Jinja, ErrorsNameTheTemplateAndLine) {
   EXPECT_THROW(Template("{% frobnicate %}", "t"), Error);
 }
 
+TEST(Jinja, DeeplyNestedInputIsRefused) {
+  Json deep = Json::array();
+  for (int i = 0; i < 2000; ++i) deep = Json::array({deep});
+  for (const char* source : {"{{ x | tojson }}", "{{ x }}"}) {
+    try {
+      render(source, {{"x", deep}});
+      ADD_FAILURE() << source;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), Errc::limit) << e.what();
+    }
+  }
+}
+
 TEST(Jinja, HostileTemplatesHitBoundsNotTheMachine) {
   auto code_of = [](std::string_view source) {
     try {
@@ -155,6 +168,10 @@ TEST(Jinja, HostileTemplatesHitBoundsNotTheMachine) {
   EXPECT_EQ(code_of("{{ " + std::string(100000, '(') + "1" + std::string(100000, ')') + " }}"), Errc::format);
   EXPECT_EQ(code_of("{{ " + std::string(50000, '[') + " }}"), Errc::format);
   EXPECT_EQ(code_of(std::string(5000, '{') + "%"), Errc::format);
+  EXPECT_EQ(code_of("{{ ('x' * 1000000) | replace('', 'yyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyy') }}"),
+            Errc::limit);
+  EXPECT_EQ(code_of("{{ 'a' | indent(1000000000) }}"), Errc::limit);
+  EXPECT_EQ(code_of("{{ range(2000000) | list | length }}"), Errc::limit);
 }
 
 }  // namespace
