@@ -197,8 +197,92 @@ def option_sets(source):
     return sets
 
 
+# Language pieces real templates use rarely or not yet, rendered with SNIPPET_VARIABLES: language_snippets.json.
+SNIPPET_VARIABLES = {
+    "s": "  Hello, World! Ünïcödé  ",
+    "n": 7,
+    "f": 2.5,
+    "xs": [3, 1, 2, 3],
+    "words": ["b", "A", "c", "a"],
+    "d": {"z": 1, "a": [1, 2], "m": {"k": None}},
+    "people": [{"name": "Ann", "age": 31, "admin": True}, {"name": "bob", "age": 25}, {"name": "Cy", "age": 40, "admin": False}],
+    "empty": [],
+    "nothing": None,
+}
+SNIPPETS = [
+    "{{ s.strip() }}|{{ s.lstrip() }}|{{ s.rstrip() }}|{{ s.strip(' H') }}",
+    "{{ s.upper() }}|{{ s.lower() }}|{{ s.title() }}|{{ 'hello world'.capitalize() }}",
+    "{{ s.split(',') }}|{{ s.split() }}|{{ 'a,b,,c'.split(',', 1) }}|{{ 'a b c'.rsplit(' ', 1) }}",
+    "{{ s.replace('l', 'L') }}|{{ s.replace('l', 'L', 2) }}|{{ s | replace('o', '0') }}",
+    "{{ s.startswith('  He') }}{{ s.endswith(('x', '  ')) }}{{ s.find('World') }}{{ s.count('l') }}",
+    "{{ '{} and {}'.format('a', 1) }}|{{ '{0}{1}{0}'.format('x', 'y') }}|{{ '{name}!'.format(name='hi') }}",
+    "{{ '%s is %d' | format('n', 7) }}|{{ '%s%%' % 5 }}",
+    "{{ s[2:7] }}|{{ s[-3:] }}|{{ s[::2] }}|{{ s[::-1] }}|{{ xs[1:] }}|{{ xs[:-1] }}|{{ xs[::-2] }}|{{ s[100:] }}",
+    "{{ s | length }} {{ s | trim | length }} {{ xs | length }} {{ d | length }} {{ empty | length }}",
+    "{{ xs | first }} {{ xs | last }} {{ xs | sum }} {{ xs | min }} {{ xs | max }} {{ xs | unique | list }}",
+    "{{ words | sort }} {{ words | sort(reverse=true) }} {{ words | sort(case_sensitive=true) }} {{ words | unique | list }}",
+    "{{ people | sort(attribute='age') | map(attribute='name') | join(', ') }}",
+    "{{ people | selectattr('admin') | map(attribute='name') | list }} {{ people | rejectattr('admin') | list | length }}",
+    "{{ people | selectattr('age', 'gt', 30) | map(attribute='name') | join }} {{ people | map(attribute='admin', default='?') | list }}",
+    "{{ xs | select('odd') | list }} {{ xs | reject('equalto', 3) | list }} {{ words | map('upper') | join('') }}",
+    # (Pairs are iterated, not printed: Python prints them as tuples, which JSON values cannot tell from lists.)
+    "{% for k, v in d | dictsort %}{{ k }}{{ v }}{% endfor %} {% for k, v in d | items %}{{ k }}{% endfor %} {{ d.keys() | list }} {{ d.values() | list }}",
+    "{{ d | tojson }}|{{ d | tojson(indent=2) }}|{{ d | tojson(sort_keys=true) }}|{{ d | tojson(separators=(',', ':')) }}",
+    "{{ s | tojson }}|{{ s | tojson(ensure_ascii=true) }}|{{ 'tab\there \x01 \u2028' | tojson }}",
+    "{{ [1.0, 0.1, 1e16, 1e-5, 123456789.125, -0.0, 3] | tojson }}|{{ [1.0, 0.1, 1e16, 1e-5, -0.0] }}",
+    "{{ f }} {{ f * 2 }} {{ n / 2 }} {{ n // 2 }} {{ n % 3 }} {{ -n // 2 }} {{ -n % 3 }} {{ 2 ** 10 }} {{ 7.5 // 2 }}",
+    "{{ n | string }}{{ f | int }}{{ '42' | int }}{{ 'x' | int }}{{ '3.9' | int }}{{ '2.5' | float }}{{ n | float }}",
+    "{{ f | round }} {{ 2.567 | round(2) }} {{ 2.5 | round(0, 'floor') }} {{ -3 | abs }} {{ 'Hi' | center(6) if false else 'ok' }}",
+    "{{ nothing }} {{ nothing is none }} {{ missing is defined }} {{ missing | default('dflt') }} {{ '' | default('e', true) }}",
+    "{{ nothing | default('x') }} {{ xs is sequence }} {{ d is mapping }} {{ s is string }} {{ n is number }} {{ f is float }} {{ n is integer }}",
+    "{{ true is boolean }} {{ 1 is boolean }} {{ xs is iterable }} {{ n is odd }} {{ n is even }} {{ 9 is divisibleby 3 }}",
+    "{{ 'a' in 'cat' }} {{ 3 in xs }} {{ 'z' in d }} {{ 'q' not in d }} {{ 1 == 1.0 }} {{ [1, 2] == [1, 2] }} {{ 'a' < 'b' }}",
+    "{{ xs }} {{ d }} {{ people[0] }} {{ {'k': \"it's\"} }} {{ ['x\\ny', 'q\"'] }} {{ true }} {{ none }}",
+    "{{ 'a' ~ 1 ~ 2.0 ~ none ~ true }} {{ 'ab' * 3 }} {{ [0] * 3 }} {{ xs + [9] }} {{ 'x' + 'y' }}",
+    "{% for x in xs %}{{ loop.index }}{{ loop.index0 }}{{ loop.revindex }}{{ loop.revindex0 }}{{ loop.first }}{{ loop.last }}{{ loop.length }};{% endfor %}",
+    "{% for x in xs %}{{ loop.previtem | default('-') }}{{ loop.nextitem | default('-') }}{{ loop.cycle('a', 'b') }} {% endfor %}",
+    "{% for k, v in d.items() %}{{ k }}={{ v }};{% else %}none{% endfor %}{% for x in empty %}x{% else %}empty{% endfor %}",
+    "{% for p in people if p.age > 26 %}{{ p.name }}{{ loop.index }}{% endfor %}",
+    "{% set ns = namespace(total=0, names=[]) %}{% for p in people %}{% set ns.total = ns.total + p.age %}{% set ns.names = ns.names + [p.name] %}{% endfor %}{{ ns.total }} {{ ns.names }}",
+    "{% set x = 1 %}{% for i in xs %}{% set x = i %}{% endfor %}{{ x }}",
+    "{% macro m(a, b=2, c='c') %}[{{ a }}{{ b }}{{ c }}]{% endmacro %}{{ m(1) }}{{ m(1, 3) }}{{ m(1, c='z') }}{{ m('x') | upper }}",
+    "{% set block %}inner {{ n }}{% endset %}{{ block | upper }}|{% filter upper %}up {{ s | trim }}{% endfilter %}",
+    "{{ 'yes' if n > 5 else 'no' }} {{ 'only' if false }}. {{ n > 5 and 'and' or 'or' }} {{ not nothing }} {{ none or 'x' }}",
+    "{{ range(3) | list }} {{ range(1, 10, 3) | list }} {{ range(5, 0, -2) | list }} {{ dict(a=1, b='x') }}",
+    "{{ strftime_now('%Y-%m-%d %H:%M %A %B %j') }} {{ strftime_now('%d %b %Y') }}",
+    "{{ s | indent(2) }}|{{ 'a\nb\n\nc' | indent(4, true) }}|{{ 'a\n\nb' | indent(2, blank=true) }}",
+    "{{ '<b>&' | e }} {{ ('<i>' | safe) + '<b>' }} {{ '<b>' ~ ('<i>' | safe) }} {{ ('<i>' | safe | upper) + '&' }}",
+    "{{ words | join(', ') }} {{ people | join(', ', attribute='name') }} {{ xs | reverse | list }} {{ 'abc' | reverse }} {{ 'abc' | list }}",
+    "{{ 'Hello World' | wordcount }} {{ 'hello WORLD' | title }} {{ 'hELLO' | capitalize }} {{ 'x' is upper }} {{ 'x' is lower }}",
+    "{%- if n -%}\n  a\n{%- elif f -%}\n  b\n{%- else -%}\n  c\n{%- endif -%}\n!",
+    "{% for i in range(10) %}{% if i is odd %}{% continue %}{% endif %}{% if i > 6 %}{% break %}{% endif %}{{ i }}{% endfor %}",
+    "{{ people | map(attribute='name') }}{{ xs | select('odd') | length }}",
+    "{{ people | selectattr('name', 'in', ['Ann', 'Cy']) | map(attribute='age') | sum }} {{ xs | map('string') | join('-') }}",
+    "{{ d.get('z') }} {{ d.get('nope') }} {{ d.get('nope', 5) }} {{ d['m']['k'] }} {{ d.m.k is none }} {{ d.a[1] }} {{ d.a.0 }}",
+    "{{ people[5] is defined }} {{ d.nope is defined }} {{ d.nope.deeper }}",
+    "{{ 1 + 'a' }}",
+    "{{ raise_exception('custom failure') }}",
+    "{{ xs | last }}{{ people | selectattr('admin') | last }}",
+]
+
+
+def write_snippets(env):
+    cases = []
+    for source in SNIPPETS:
+        case = {"source": source}
+        try:
+            case["output"] = env.from_string(source).render(**SNIPPET_VARIABLES)
+        except Exception as e:
+            case["error"] = f"{type(e).__name__}: {e}"
+        cases.append(case)
+    out = {"variables": SNIPPET_VARIABLES, "now": NOW.isoformat(), "cases": cases}
+    (FIXTURES / "language_snippets.json").write_text(json.dumps(out, ensure_ascii=False, indent=0) + "\n")
+    print(f"snippets: {len(cases)} cases, {sum('error' in c for c in cases)} refused")
+
+
 def main():
     env = environment()
+    write_snippets(env)
     (FIXTURES / "conversations.json").write_text(json.dumps(CONVERSATIONS, ensure_ascii=False, indent=1) + "\n")
     for path in sorted(FIXTURES.glob("*.jinja")):
         source = path.read_text()

@@ -12,6 +12,10 @@
 #include <unordered_map>
 #include <vector>
 
+#include <unicode/locid.h>
+#include <unicode/uchar.h>
+#include <unicode/unistr.h>
+
 #include "lowbit/core/error.h"
 
 namespace lowbit::model::jinja {
@@ -83,31 +87,46 @@ std::string py_strip(std::string_view s, const std::optional<std::string>& chars
   return from_u32(std::u32string_view(u).substr(b, e - b));
 }
 
-char32_t ascii_upper(char32_t c) { return c >= 'a' && c <= 'z' ? c - 32 : c; }
-char32_t ascii_lower(char32_t c) { return c >= 'A' && c <= 'Z' ? c + 32 : c; }
-bool ascii_alpha(char32_t c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); }
-
-std::string map_chars(std::string_view s, char32_t (*f)(char32_t)) {
-  std::string out(s);
-  for (auto& c : out) c = static_cast<char>(f(static_cast<unsigned char>(c)));
+// Python's str.upper/lower (full Unicode case mapping, e.g. "ß".upper() == "SS"), title and capitalize.
+std::string py_upper(std::string_view s) {
+  std::string out;
+  icu::UnicodeString::fromUTF8(icu::StringPiece(s.data(), static_cast<int32_t>(s.size()))).toUpper(icu::Locale::getRoot()).toUTF8String(out);
   return out;
 }
+std::string py_lower(std::string_view s) {
+  std::string out;
+  icu::UnicodeString::fromUTF8(icu::StringPiece(s.data(), static_cast<int32_t>(s.size()))).toLower(icu::Locale::getRoot()).toUTF8String(out);
+  return out;
+}
+bool is_cased(char32_t c) { return u_hasBinaryProperty(static_cast<UChar32>(c), UCHAR_CASED); }
 
 std::string py_title(std::string_view s) {
-  std::string out(s);
-  bool prev_letter = false;
-  for (auto& ch : out) {
-    const char32_t c = static_cast<unsigned char>(ch);
-    ch = static_cast<char>(prev_letter ? ascii_lower(c) : ascii_upper(c));
-    prev_letter = ascii_alpha(c);
+  std::string out;
+  bool prev_cased = false;
+  for (char32_t c : to_u32(s)) {
+    append_utf8(out, static_cast<char32_t>(prev_cased ? u_tolower(static_cast<UChar32>(c)) : u_totitle(static_cast<UChar32>(c))));
+    prev_cased = is_cased(c);
   }
   return out;
 }
 
 std::string py_capitalize(std::string_view s) {
-  std::string out = map_chars(s, ascii_lower);
-  if (!out.empty()) out[0] = static_cast<char>(ascii_upper(static_cast<unsigned char>(out[0])));
+  const std::u32string u = to_u32(s);
+  std::string out;
+  for (size_t i = 0; i < u.size(); ++i)
+    append_utf8(out, static_cast<char32_t>(i == 0 ? u_totitle(static_cast<UChar32>(u[i])) : u_tolower(static_cast<UChar32>(u[i]))));
   return out;
+}
+
+// str.islower() / isupper(): some cased character, and no cased character of the other case.
+bool py_is_case(std::string_view s, bool lower) {
+  bool cased = false;
+  for (char32_t c : to_u32(s)) {
+    if (lower ? u_isupper(static_cast<UChar32>(c)) || u_istitle(static_cast<UChar32>(c)) : u_islower(static_cast<UChar32>(c)) || u_istitle(static_cast<UChar32>(c)))
+      return false;
+    cased = cased || is_cased(c);
+  }
+  return cased;
 }
 
 // Values nested deeper than this (hostile JSON input) are refused rather than recursed into.
@@ -1933,8 +1952,8 @@ class Renderer {
     };
     if (name == "strip" || name == "lstrip" || name == "rstrip")
       return like(self, py_strip(s, opt_str(0, "chars"), name != "rstrip", name != "lstrip"));
-    if (name == "upper") return like(self, map_chars(s, ascii_upper));
-    if (name == "lower") return like(self, map_chars(s, ascii_lower));
+    if (name == "upper") return like(self, py_upper(s));
+    if (name == "lower") return like(self, py_lower(s));
     if (name == "title") return like(self, py_title(s));
     if (name == "capitalize") return like(self, py_capitalize(s));
     if (name == "startswith" || name == "endswith") {
@@ -1989,12 +2008,10 @@ class Renderer {
     if (name == "format") return string_value(str_format(s, args));
     const std::u32string u = to_u32(s);
     auto all = [&](auto pred) { return !u.empty() && std::all_of(u.begin(), u.end(), pred); };
-    if (name == "isdigit") return Value::of(all([](char32_t c) { return c >= '0' && c <= '9'; }));
-    if (name == "isalpha") return Value::of(all([](char32_t c) { return ascii_alpha(c); }));
+    if (name == "isdigit") return Value::of(all([](char32_t c) { return u_isdigit(static_cast<UChar32>(c)) != 0; }));
+    if (name == "isalpha") return Value::of(all([](char32_t c) { return u_isalpha(static_cast<UChar32>(c)) != 0; }));
     if (name == "isspace") return Value::of(all(py_space));
-    const bool cased = std::any_of(u.begin(), u.end(), ascii_alpha);
-    if (name == "isupper") return Value::of(cased && std::none_of(u.begin(), u.end(), [](char32_t c) { return c >= 'a' && c <= 'z'; }));
-    return Value::of(cased && std::none_of(u.begin(), u.end(), [](char32_t c) { return c >= 'A' && c <= 'Z'; }));
+    return Value::of(py_is_case(s, name == "islower"));
   }
 
   Json split(const std::string& s, const std::optional<std::string>& sep, const Args& args, bool from_right) {
@@ -2166,8 +2183,8 @@ class Renderer {
       const Value* chars = a.get(0, "chars");
       return like(v, py_strip(to_str(v), chars && !chars->is_none() ? std::optional(string_arg(chars, name)) : std::nullopt, true, true));
     }
-    if (name == "upper") return like(v, map_chars(to_str(v), ascii_upper));
-    if (name == "lower") return like(v, map_chars(to_str(v), ascii_lower));
+    if (name == "upper") return like(v, py_upper(to_str(v)));
+    if (name == "lower") return like(v, py_lower(to_str(v)));
     if (name == "capitalize") return like(v, py_capitalize(to_str(v)));
     if (name == "title") return like(v, py_title(to_str(v)));
     if (name == "replace") {
@@ -2203,7 +2220,8 @@ class Renderer {
       const Value* method = a.get(1, "method");
       const std::string m = method ? string_arg(method, name) : "common";
       const double x = as_double(j) * scale;
-      const double r = m == "floor" ? std::floor(x) : m == "ceil" ? std::ceil(x) : std::round(x);
+      // "common" is Python's round(): halves go to the even neighbour, as nearbyint does by default.
+      const double r = m == "floor" ? std::floor(x) : m == "ceil" ? std::ceil(x) : std::nearbyint(x);
       return Value::of(r / scale);
     }
     if (name == "last" && v.generator) error("last: a generator cannot be reversed; add '| list'");
@@ -2251,7 +2269,7 @@ class Renderer {
       const Value* cs = a.get(0, "case_sensitive");
       const bool case_sensitive = cs && truthy(*cs);
       auto sort_key = [&](const Json& k) {
-        return Value::of(k.is_string() && !case_sensitive ? Json(map_chars(k.get<std::string>(), ascii_lower)) : k);
+        return Value::of(k.is_string() && !case_sensitive ? Json(py_lower(k.get<std::string>())) : k);
       };
       std::stable_sort(items.begin(), items.end(), [&](auto& x, auto& y) {
         return compare(sort_key(x.first), sort_key(y.first), "dictsort") < 0;
@@ -2301,7 +2319,7 @@ class Renderer {
       Json out = Json::array();
       std::vector<Value> seen;
       for (const Value& item : iterate(v, name)) {
-        const Value key = item.is_string() ? Value::of(map_chars(item.str(), ascii_lower)) : item;
+        const Value key = item.is_string() ? Value::of(py_lower(item.str())) : item;
         if (std::any_of(seen.begin(), seen.end(), [&](const Value& s) { return equal(s, key); })) continue;
         seen.push_back(key);
         out.push_back(data(item, name));
@@ -2315,11 +2333,14 @@ class Renderer {
       const Value* attr = a.get(2, "attribute");
       auto key = [&](const Value& item) {
         Value k = attr ? get_attr_path(item, to_str(*attr)) : item;
-        if (k.is_string() && !(cs && truthy(*cs))) k = Value::of(map_chars(k.str(), ascii_lower));
+        if (k.is_string() && !(cs && truthy(*cs))) k = Value::of(py_lower(k.str()));
         return k;
       };
-      std::stable_sort(items.begin(), items.end(), [&](const Value& x, const Value& y) { return compare(key(x), key(y), "sort") < 0; });
-      if (rev && truthy(*rev)) std::reverse(items.begin(), items.end());
+      const bool reverse = rev && truthy(*rev);  // stable either way, as Python's sorted(reverse=True)
+      std::stable_sort(items.begin(), items.end(), [&](const Value& x, const Value& y) {
+        const int c = compare(key(x), key(y), "sort");
+        return reverse ? c > 0 : c < 0;
+      });
       return Value::of(to_json_list(items, *this));
     }
     if (name == "sum") {
@@ -2467,7 +2488,7 @@ class Renderer {
     if (name == "lower" || name == "upper") {
       if (!j || !j->is_string()) return false;
       const std::string& s = j->get_ref<const std::string&>();
-      return s == map_chars(s, name == "lower" ? ascii_lower : ascii_upper);
+      return py_is_case(s, name == "lower");
     }
     if (name == "odd" || name == "even") {
       const int64_t i = int_arg(&v, name);

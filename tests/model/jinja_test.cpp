@@ -85,6 +85,30 @@ TEST(Jinja, RealTemplatesMatchPythonJinja2ByteForByte) {
   EXPECT_EQ(passed, cases);
 }
 
+TEST(Jinja, LanguageSnippetsMatchPythonJinja2) {
+  const Json expected = Json::parse(read_text(kFixtures / "language_snippets.json"));
+  RenderOptions options;
+  options.now = parse_time(expected["now"]);
+  int passed = 0;
+  for (const auto& c : expected["cases"]) {
+    const std::string source = c["source"];
+    try {
+      const std::string out = Template(source, "snippet").render(expected["variables"], options);
+      if (c.contains("error")) {
+        ADD_FAILURE() << source << "\njinja2 refused (" << c["error"].get<std::string>() << ") but we rendered: " << out;
+      } else {
+        EXPECT_EQ(out, c["output"].get<std::string>()) << source;
+        passed += out == c["output"].get<std::string>();
+      }
+    } catch (const Error& e) {
+      if (c.contains("error")) ++passed;
+      else ADD_FAILURE() << source << "\n" << e.what();
+    }
+  }
+  std::printf("[jinja] %d/%zu snippets identical to jinja2\n", passed, expected["cases"].size());
+  EXPECT_EQ(passed, static_cast<int>(expected["cases"].size()));
+}
+
 TEST(Jinja, WhitespaceControlFollowsTrimAndLstripBlocks) {
   // trim_blocks eats the newline after a block tag; lstrip_blocks the indentation before one; "-" all whitespace.
   EXPECT_EQ(render("{% if true %}\n  a\n  {% endif %}\nb", Json::object()), "  a\nb");
