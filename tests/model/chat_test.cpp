@@ -1,12 +1,16 @@
 // Chat templates: a model's own template executed, the built-in fallbacks, prefix stability, tool-call parsing.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 
+#include "io/gguf_builder.h"
+#include "lowbit/core/thread_pool.h"
 #include "lowbit/model/chat.h"
 #include "lowbit/model/tokenizers.h"
+#include "tiny_model.h"
 
 namespace lowbit::model {
 namespace {
@@ -86,6 +90,78 @@ TEST(ChatTemplate, ToolCallsRoundTripThroughQwenTemplate) {
   EXPECT_EQ(parsed.tool_calls[0].name, "get_weather");
   EXPECT_EQ(parsed.tool_calls[0].arguments, call["arguments"]);
   EXPECT_EQ(parsed.content, "");
+}
+
+namespace fs = std::filesystem;
+
+fs::path fresh_dir(const std::string& name) {
+  const fs::path dir = fs::temp_directory_path() / fmt::format("lowbit_chat_{}_{}", name, ::getpid());
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+void write_file(const fs::path& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; }
+
+TEST(ChatTemplate, FindsTheTemplateStoredWithTheModel) {
+  const fs::path dir = fresh_dir("stored");
+  EXPECT_FALSE(stored_chat_template(dir).has_value());
+  write_file(dir / "chat_template.json", R"({"chat_template": "from chat_template.json"})");
+  EXPECT_EQ(stored_chat_template(dir), "from chat_template.json");
+  // A list of named templates: the default one.
+  write_file(dir / "tokenizer_config.json",
+             R"({"chat_template": [{"name": "tool_use", "template": "tools"}, {"name": "default", "template": "dflt"}]})");
+  EXPECT_EQ(stored_chat_template(dir), "dflt");
+  write_file(dir / "chat_template.jinja", "from chat_template.jinja");
+  EXPECT_EQ(stored_chat_template(dir), "from chat_template.jinja");
+  fs::remove_all(dir);
+
+  io::GgufBuilder g;
+  g.kv_string("tokenizer.chat_template", "{{ 'from gguf' }}");
+  const auto image = g.build();
+  const fs::path gguf = fs::temp_directory_path() / fmt::format("lowbit_chat_{}.gguf", ::getpid());
+  std::ofstream(gguf, std::ios::binary).write(reinterpret_cast<const char*>(image.data()), static_cast<std::streamsize>(image.size()));
+  EXPECT_EQ(stored_chat_template(gguf), "{{ 'from gguf' }}");
+  fs::remove(gguf);
+}
+
+// One token per lowercase letter: the chat session's token bookkeeping is visible in the text.
+class LetterTokenizer final : public Tokenizer {
+ public:
+  std::vector<int32_t> encode(std::string_view text, bool, bool) const override {
+    std::vector<int32_t> ids;
+    for (char ch : text) ids.push_back(ch - 'a');
+    return ids;
+  }
+  std::string token_text(int32_t id) const override { return std::string(1, static_cast<char>('a' + id % 26)); }
+  int32_t vocab_size() const override { return 32; }
+  std::optional<int32_t> bos_id() const override { return std::nullopt; }
+  std::vector<int32_t> eos_ids() const override { return {}; }
+  std::optional<int32_t> token_id(std::string_view) const override { return std::nullopt; }
+};
+
+TEST(ChatSession, ATemplateThatRewritesEarlierTurnsReusesTheSharedPrefix) {
+  // Earlier assistant turns render as "z" (as Qwen3 drops past reasoning): the second turn's text is no longer an
+  // extension of the first, so the session must rewind to where they diverge.
+  const auto model = testing::tiny_model(testing::tiny_config());
+  const LetterTokenizer tok;
+  SamplerOptions greedy;
+  greedy.temperature = 0;
+  ThreadPool pool(1);
+  ChatSession session(*model, tok,
+                      compiled("{% for m in messages %}{{ 'z' if m.role == 'assistant' else m.content }}{% endfor %}"),
+                      64, greedy, std::nullopt);
+  std::string first, second;
+  session.reply("abc", 4, pool, [&](std::string_view s) { first += s; });
+  const GenerateStats stats = session.reply("de", 4, pool, [&](std::string_view s) { second += s; });
+  ASSERT_EQ(first.size(), 4u);
+  // Shared: "abc" (and "z" when the first reply began with it); prefilled: the rest of "abczde".
+  EXPECT_EQ(stats.prompt_tokens, first[0] == 'z' ? 2 : 3);
+  // The same text prefilled from scratch gives the same greedy reply: nothing stale was attended to.
+  ChatSession fresh(*model, tok, compiled("abczde"), 64, greedy, std::nullopt);
+  std::string expected;
+  fresh.reply("ignored", 4, pool, [&](std::string_view s) { expected += s; });
+  EXPECT_EQ(second, expected);
 }
 
 TEST(ToolCalls, ParsesHermesStyleBlocks) {
