@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <sstream>
 
 #include "lowbit/core/error.h"
@@ -196,6 +197,52 @@ TEST(Jinja, HostileTemplatesHitBoundsNotTheMachine) {
             Errc::limit);
   EXPECT_EQ(code_of("{{ 'a' | indent(1000000000) }}"), Errc::limit);
   EXPECT_EQ(code_of("{{ range(2000000) | list | length }}"), Errc::limit);
+}
+
+}  // namespace
+}  // namespace lowbit::model::jinja
+
+namespace lowbit::model::jinja {
+namespace {
+
+// Mutated real templates (pieces cut, repeated, or syntax dropped in) must render or fail with a one-line
+// lowbit::Error: no other exception, no crash, no hang.
+TEST(Jinja, MutatedTemplatesRenderOrFailCleanly) {
+  const Json conversations = Json::parse(read_text(kFixtures / "conversations.json"));
+  const Json variables = {{"messages", conversations["tool_call"]["messages"]},
+                          {"tools", conversations["tool_call"]["tools"]},
+                          {"add_generation_prompt", true},
+                          {"bos_token", "<s>"},
+                          {"eos_token", "</s>"}};
+  static constexpr std::string_view kPieces[] = {"{%", "%}", "{{", "}}", "{#", "-", "(", ")", "[", "]", "|", "'",
+                                                 "endfor", "endif", "else", "loop", "namespace(", ".", ",", "\\"};
+  std::mt19937 rng(19);
+  int rendered = 0, refused = 0;
+  for (const auto& entry : fs::directory_iterator(kFixtures)) {
+    if (entry.path().extension() != ".jinja") continue;
+    const std::string source = read_text(entry.path());
+    for (int round = 0; round < 24; ++round) {
+      std::string text = source;
+      for (int edit = 0; edit < 3 && !text.empty(); ++edit) {
+        const size_t at = rng() % text.size(), len = std::min<size_t>(rng() % 40, text.size() - at);
+        switch (rng() % 3) {
+          case 0: text.erase(at, len); break;
+          case 1: text.insert(at, text.substr(at, len)); break;
+          default: text.insert(at, kPieces[rng() % std::size(kPieces)]);
+        }
+      }
+      try {
+        Template(text, entry.path().filename().string()).render(variables);
+        ++rendered;
+      } catch (const Error& e) {
+        EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos) << e.what();
+        ++refused;
+      }
+    }
+  }
+  std::printf("[jinja] mutated templates: %d rendered, %d refused\n", rendered, refused);
+  EXPECT_GT(rendered, 0);
+  EXPECT_GT(refused, 0);
 }
 
 }  // namespace
