@@ -1456,7 +1456,6 @@ class Renderer {
     const Value iterable = eval(*node.expr);
     if (iterable.is_none()) error("'NoneType' object is not iterable");
     std::vector<Value> items = iterate(iterable, "for");
-    frames_.push_back({});
     DepthGuard guard(*this);
     auto bind = [&](const Value& item) {
       if (node.targets.size() == 1) {
@@ -1468,10 +1467,18 @@ class Renderer {
         error(fmt::format("for: {} values to unpack into {} names", parts.size(), node.targets.size()));
       for (size_t i = 0; i < parts.size(); ++i) assign(node.targets[i], parts[i]);
     };
+    // Each iteration gets a fresh frame: Jinja2 starts every iteration from the variables outside the loop, so a
+    // {% set %} in the body lasts until the end of its iteration.
+    struct FrameGuard {
+      std::vector<Frame>& frames;
+      explicit FrameGuard(std::vector<Frame>& f) : frames(f) { frames.push_back({}); }
+      ~FrameGuard() { frames.pop_back(); }
+    };
     if (node.filter) {
       std::vector<Value> kept;
       for (const auto& item : items) {
         count_iteration();
+        FrameGuard frame(frames_);
         bind(item);
         if (truthy(eval(*node.filter))) kept.push_back(item);
       }
@@ -1481,6 +1488,7 @@ class Renderer {
     const auto n = static_cast<int64_t>(shared->size());
     for (int64_t i = 0; i < n; ++i) {
       count_iteration();
+      FrameGuard frame(frames_);
       bind((*shared)[static_cast<size_t>(i)]);
       Value loop;
       loop.kind = Value::Kind::loop;
@@ -1490,7 +1498,6 @@ class Renderer {
       line_ = node.line;
     }
     if (n == 0) exec_body(node.else_body);
-    frames_.pop_back();
     return Flow::normal;
   }
 
