@@ -53,8 +53,10 @@ std::vector<fs::path> tokenizer_files(const QuantizeOptions& o) {
   if (o.tokenizer) files.push_back(*o.tokenizer);
   std::error_code ec;
   if (fs::is_directory(o.source, ec))
+    // Recent transformers save the chat template as chat_template.jinja (older ones inside tokenizer_config.json
+    // or as chat_template.json); chat and serve read it from the artifact.
     for (const char* name : {"tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json",
-                             "generation_config.json"})
+                             "generation_config.json", "chat_template.jinja", "chat_template.json"})
       if (fs::is_regular_file(o.source / name) && (!o.tokenizer || o.tokenizer->filename() != name))
         files.push_back(o.source / name);
   return files;

@@ -17,6 +17,7 @@
 #include "lowbit/core/error.h"
 #include "lowbit/core/thread_pool.h"
 #include "lowbit/io/json.h"
+#include "lowbit/model/chat.h"
 #include "lowbit/model/hf.h"
 #include "lowbit/model/mlx.h"
 #include "lowbit/quant/pipeline.h"
@@ -79,6 +80,18 @@ TEST(Quantize, AffineArtifactIsAnMlxCheckpoint) {
   o.destination = tmp.path / "padded_out";
   quantize(o);
   EXPECT_FALSE(fs::exists(o.destination / "config.json"));
+}
+
+TEST(Quantize, TheChatTemplateTravelsIntoTheArtifact) {
+  TempDir tmp;
+  QuantizeOptions o;
+  o.source = write_source(tmp.path, 128);
+  const std::string tmpl = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}";
+  std::ofstream(o.source / "chat_template.jinja") << tmpl;
+  o.destination = tmp.path / "out";
+  o.recipe = preset("affine4");
+  quantize(o);
+  EXPECT_EQ(model::stored_chat_template(o.destination), tmpl);
 }
 
 TEST(Quantize, TargetBitsChoosesAmongCandidatesWithinBudget) {
