@@ -47,11 +47,11 @@ void run(const Args& a) {
   const auto tokenizer = model::load_tokenizer(a.model, a.tokenizer);
   model::ChatTemplate tmpl;
   if (a.template_file) {
-    tmpl = model::chat_template_from_file(*a.template_file, *tokenizer);
+    tmpl = model::chat_template_from_file(*a.template_file, a.model, *tokenizer);
   } else if (a.template_name) {
     const auto format = model::parse_chat_format(*a.template_name);
     if (!format) fail(Errc::usage, "[chat] --template {}: expected chatml or llama3", *a.template_name);
-    tmpl = model::builtin_chat_template(*format, *tokenizer);
+    tmpl = model::builtin_chat_template(*format, a.model, *tokenizer);
   } else {
     tmpl = model::chat_template_for(a.model, *tokenizer);
   }

@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "lowbit/core/error.h"
+#include "lowbit/io/json.h"
 #include "lowbit/model/chat.h"
 #include "lowbit/model/gguf_model.h"
 #include "lowbit/model/tokenizers.h"
@@ -53,25 +54,68 @@ std::optional<ChatFormat> parse_chat_format(std::string_view name) {
   return std::nullopt;
 }
 
-ChatTemplate make_chat_template(std::string_view source, std::string name, const Tokenizer& tokenizer) {
-  const std::vector<int32_t> eos = tokenizer.eos_ids();
-  return {std::make_shared<const jinja::Template>(source, std::move(name)), token_string(tokenizer, tokenizer.bos_id()),
-          token_string(tokenizer, eos.empty() ? std::nullopt : std::optional(eos.front()))};
+std::pair<std::string, std::string> chat_special_tokens(const std::filesystem::path& model_path,
+                                                      const Tokenizer& tokenizer) {
+  const std::vector<int32_t> eos_ids = tokenizer.eos_ids();
+  std::pair<std::string, std::string> tokens = {
+      token_string(tokenizer, tokenizer.bos_id()),
+      token_string(tokenizer, eos_ids.empty() ? std::nullopt : std::optional(eos_ids.front()))};
+  bool bos_known = false, eos_known = false;
+  std::error_code ec;
+  const auto config = model_path / "tokenizer_config.json";
+  if (std::filesystem::is_directory(model_path, ec) && std::filesystem::is_regular_file(config, ec)) {
+    const auto json = io::read_json_file(config, "chat", size_t{64} << 20);
+    auto text_of = [&](const char* key, std::string& out, bool& known) {
+      const auto it = json.find(key);
+      if (it == json.end()) return;
+      known = true;
+      if (it->is_string()) out = it->get<std::string>();
+      else if (it->is_object() && it->contains("content") && (*it)["content"].is_string()) out = (*it)["content"];
+      else out.clear();
+    };
+    text_of("bos_token", tokens.first, bos_known);
+    text_of("eos_token", tokens.second, eos_known);
+  }
+  std::optional<std::filesystem::path> gguf;
+  if (is_gguf_file(model_path)) {
+    gguf = model_path;
+  } else if (std::filesystem::is_directory(model_path, ec)) {  // an artifact of a GGUF source
+    for (const auto& entry : std::filesystem::directory_iterator(model_path, ec))
+      if (entry.path().extension() == ".gguf" && is_gguf_file(entry.path())) gguf = entry.path();
+  }
+  if (gguf && !(bos_known && eos_known)) {
+    const auto file = io::GgufFile::open(*gguf);
+    const auto vocab = file.get_strings("tokenizer.ggml.tokens");
+    auto entry = [&](const char* key, std::string& out, bool known) {
+      const auto id = file.get_uint(key);
+      if (!known && vocab && id && *id < vocab->size()) out = (*vocab)[*id];
+    };
+    entry("tokenizer.ggml.bos_token_id", tokens.first, bos_known);
+    entry("tokenizer.ggml.eos_token_id", tokens.second, eos_known);
+  }
+  return tokens;
+}
+
+ChatTemplate make_chat_template(std::string_view source, std::string name, const std::filesystem::path& model_path,
+                                const Tokenizer& tokenizer) {
+  auto [bos, eos] = chat_special_tokens(model_path, tokenizer);
+  return {std::make_shared<const jinja::Template>(source, std::move(name)), std::move(bos), std::move(eos)};
 }
 
 std::string_view builtin_chat_template_source(ChatFormat format) {
   return format == ChatFormat::llama3 ? kLlama3Template : kChatmlTemplate;
 }
 
-ChatTemplate builtin_chat_template(ChatFormat format, const Tokenizer& tokenizer) {
+ChatTemplate builtin_chat_template(ChatFormat format, const std::filesystem::path& model_path, const Tokenizer& tokenizer) {
   return make_chat_template(builtin_chat_template_source(format),
-                            format == ChatFormat::llama3 ? "builtin llama3" : "builtin chatml", tokenizer);
+                            format == ChatFormat::llama3 ? "builtin llama3" : "builtin chatml", model_path, tokenizer);
 }
 
-ChatTemplate chat_template_from_file(const std::filesystem::path& file, const Tokenizer& tokenizer) {
+ChatTemplate chat_template_from_file(const std::filesystem::path& file, const std::filesystem::path& model_path,
+                                     const Tokenizer& tokenizer) {
   const auto source = read_text_file(file);
   if (!source) fail(Errc::missing_file, "[chat] {}: no such chat template file", file.string());
-  return make_chat_template(*source, file.string(), tokenizer);
+  return make_chat_template(*source, file.string(), model_path, tokenizer);
 }
 
 std::optional<std::string> stored_chat_template(const std::filesystem::path& model_path) {
@@ -88,11 +132,12 @@ std::optional<std::string> stored_chat_template(const std::filesystem::path& mod
 }
 
 ChatTemplate chat_template_for(const std::filesystem::path& model_path, const Tokenizer& tokenizer) {
-  if (const auto source = stored_chat_template(model_path)) return make_chat_template(*source, model_path.string(), tokenizer);
+  if (const auto source = stored_chat_template(model_path))
+    return make_chat_template(*source, model_path.string(), model_path, tokenizer);
   if (tokenizer.token_id("<|start_header_id|>") && tokenizer.token_id("<|eot_id|>"))
-    return builtin_chat_template(ChatFormat::llama3, tokenizer);
+    return builtin_chat_template(ChatFormat::llama3, model_path, tokenizer);
   if (tokenizer.token_id("<|im_start|>") && tokenizer.token_id("<|im_end|>"))
-    return builtin_chat_template(ChatFormat::chatml, tokenizer);
+    return builtin_chat_template(ChatFormat::chatml, model_path, tokenizer);
   fail(Errc::unsupported, "[chat] {}: no chat template stored with the model and no ChatML or Llama-3 tokens; "
        "pass --template or --chat-template", model_path.string());
 }

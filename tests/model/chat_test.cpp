@@ -103,6 +103,21 @@ fs::path fresh_dir(const std::string& name) {
 
 void write_file(const fs::path& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; }
 
+// One token per lowercase letter: the chat session's token bookkeeping is visible in the text.
+class LetterTokenizer final : public Tokenizer {
+ public:
+  std::vector<int32_t> encode(std::string_view text, bool, bool) const override {
+    std::vector<int32_t> ids;
+    for (char ch : text) ids.push_back(ch - 'a');
+    return ids;
+  }
+  std::string token_text(int32_t id) const override { return std::string(1, static_cast<char>('a' + id % 26)); }
+  int32_t vocab_size() const override { return 32; }
+  std::optional<int32_t> bos_id() const override { return std::nullopt; }
+  std::vector<int32_t> eos_ids() const override { return {}; }
+  std::optional<int32_t> token_id(std::string_view) const override { return std::nullopt; }
+};
+
 TEST(ChatTemplate, FindsTheTemplateStoredWithTheModel) {
   const fs::path dir = fresh_dir("stored");
   EXPECT_FALSE(stored_chat_template(dir).has_value());
@@ -125,20 +140,25 @@ TEST(ChatTemplate, FindsTheTemplateStoredWithTheModel) {
   fs::remove(gguf);
 }
 
-// One token per lowercase letter: the chat session's token bookkeeping is visible in the text.
-class LetterTokenizer final : public Tokenizer {
- public:
-  std::vector<int32_t> encode(std::string_view text, bool, bool) const override {
-    std::vector<int32_t> ids;
-    for (char ch : text) ids.push_back(ch - 'a');
-    return ids;
-  }
-  std::string token_text(int32_t id) const override { return std::string(1, static_cast<char>('a' + id % 26)); }
-  int32_t vocab_size() const override { return 32; }
-  std::optional<int32_t> bos_id() const override { return std::nullopt; }
-  std::vector<int32_t> eos_ids() const override { return {}; }
-  std::optional<int32_t> token_id(std::string_view) const override { return std::nullopt; }
-};
+TEST(ChatTemplate, SpecialTokensComeFromTheModelFiles) {
+  const LetterTokenizer tok;  // no BOS, no EOS of its own
+  const fs::path dir = fresh_dir("special");
+  EXPECT_EQ(chat_special_tokens(dir, tok), std::make_pair(std::string(), std::string()));
+  write_file(dir / "tokenizer_config.json", R"({"bos_token": {"content": "<bos>", "lstrip": false}, "eos_token": "<eos>"})");
+  EXPECT_EQ(chat_special_tokens(dir, tok), std::make_pair(std::string("<bos>"), std::string("<eos>")));
+  fs::remove_all(dir);
+
+  // A GGUF names them by id in its vocabulary (SentencePiece tokenizers give control tokens no text of their own).
+  io::GgufBuilder g;
+  g.kv_strings("tokenizer.ggml.tokens", {"<unk>", "<s>", "</s>", "a"});
+  g.kv_scalar<uint32_t>("tokenizer.ggml.bos_token_id", io::GgufValueType::u32, 1);
+  g.kv_scalar<uint32_t>("tokenizer.ggml.eos_token_id", io::GgufValueType::u32, 2);
+  const auto image = g.build();
+  const fs::path gguf = fs::temp_directory_path() / fmt::format("lowbit_chat_special_{}.gguf", ::getpid());
+  std::ofstream(gguf, std::ios::binary).write(reinterpret_cast<const char*>(image.data()), static_cast<std::streamsize>(image.size()));
+  EXPECT_EQ(chat_special_tokens(gguf, tok), std::make_pair(std::string("<s>"), std::string("</s>")));
+  fs::remove(gguf);
+}
 
 TEST(ChatSession, ATemplateThatRewritesEarlierTurnsReusesTheSharedPrefix) {
   // Earlier assistant turns render as "z" (as Qwen3 drops past reasoning): the second turn's text is no longer an

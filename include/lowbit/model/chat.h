@@ -35,11 +35,17 @@ struct ChatTemplate {
 std::optional<ChatFormat> parse_chat_format(std::string_view name);
 // The Jinja source of a built-in template (plain ChatML; Llama-3 without tools or dates).
 std::string_view builtin_chat_template_source(ChatFormat format);
-ChatTemplate builtin_chat_template(ChatFormat format, const Tokenizer& tokenizer);
-// `source` compiled as a chat template; `name` appears in errors.
-ChatTemplate make_chat_template(std::string_view source, std::string name, const Tokenizer& tokenizer);
+ChatTemplate builtin_chat_template(ChatFormat format, const std::filesystem::path& model_path, const Tokenizer& tokenizer);
+// `source` compiled as a chat template for the model at `model_path`; `name` appears in errors.
+ChatTemplate make_chat_template(std::string_view source, std::string name, const std::filesystem::path& model_path,
+                                const Tokenizer& tokenizer);
 // A template file given by the user (--chat-template FILE). Errc::missing_file when it cannot be read.
-ChatTemplate chat_template_from_file(const std::filesystem::path& file, const Tokenizer& tokenizer);
+ChatTemplate chat_template_from_file(const std::filesystem::path& file, const std::filesystem::path& model_path,
+                                     const Tokenizer& tokenizer);
+// The bos_token and eos_token a template sees, as transformers passes them: tokenizer_config.json's (a string or
+// {"content": ...}), else the GGUF vocabulary's entry for the BOS/EOS id, else the tokenizer's text of the token
+// (empty for SentencePiece control tokens, hence the other sources first).
+std::pair<std::string, std::string> chat_special_tokens(const std::filesystem::path& model_path, const Tokenizer& tokenizer);
 // The template string stored with a model, if any: a directory's chat_template.jinja, tokenizer_config.json
 // "chat_template" or chat_template.json, a GGUF's tokenizer.chat_template (also a GGUF tokenizer inside an artifact).
 std::optional<std::string> stored_chat_template(const std::filesystem::path& model_path);
