@@ -1579,7 +1579,8 @@ class Renderer {
       }
       case Expr::Kind::not_: return Value::of(!truthy(eval(*e.args[0])));
       case Expr::Kind::neg: {
-        const Json& j = data(eval(*e.args[0]), "-");
+        const Value operand = eval(*e.args[0]);
+        const Json& j = data(operand, "-");
         if (j.is_number_float()) return Value::of(-j.get<double>());
         if (j.is_number_integer()) return Value::of(-j.get<int64_t>());
         error("bad operand for unary -");
