@@ -670,7 +670,6 @@ struct Node {
   std::vector<std::pair<ExprPtr, Body>> branches;    // if/elif (condition, body)
   Body body, else_body;                              // for/set_block/macro/block bodies; for/if else
   std::vector<std::pair<std::string, ExprPtr>> params;  // macro parameters with defaults
-  bool recursive = false;
 };
 
 class Parser {
@@ -773,7 +772,7 @@ class Parser {
       if (!accept_name("in")) error("expected 'in'");
       node->expr = parse_tuple(false);
       if (accept_name("if")) node->filter = parse_expression();
-      node->recursive = accept_name("recursive");
+      if (is_name("recursive")) error("recursive for loops are not supported");  // no chat template uses them
       end_tag();
       node->body = parse_body({"endfor", "else"}, end);
       if (end == "else") {
