@@ -133,6 +133,22 @@ struct OpWeights {
 
 bool is_norm_gain(Role r) { return testing::is_gain(r); }
 
+// [rows, cols] of every role (cols none: a vector), as family.h's Role comments give them.
+std::pair<Dim, Dim> role_shape(Role r) {
+  switch (r) {
+    case Role::q: return {Dim::q_dim, Dim::dim};
+    case Role::k: case Role::v: return {Dim::kv_dim, Dim::dim};
+    case Role::o: return {Dim::dim, Dim::q_dim};
+    case Role::gate: case Role::up: return {Dim::hidden, Dim::dim};
+    case Role::down: return {Dim::dim, Dim::hidden};
+    case Role::q_bias: return {Dim::q_dim, Dim::none};
+    case Role::k_bias: case Role::v_bias: return {Dim::kv_dim, Dim::none};
+    case Role::q_norm: case Role::k_norm: return {Dim::head_dim, Dim::none};
+    case Role::up_bias: return {Dim::hidden, Dim::none};
+    default: return {Dim::dim, Dim::none};  // the norms of the stream, their biases, o_bias, down_bias
+  }
+}
+
 OpWeights op_weights(const ModelConfig& c, uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<float> u(-0.5f, 0.5f);
@@ -151,19 +167,7 @@ OpWeights op_weights(const ModelConfig& c, uint64_t seed) {
     for (size_t r = 0; r < kRoleCount; ++r) {
       const auto role = static_cast<Role>(r);
       if (role == Role::qkv || role == Role::gate_up) continue;
-      static const std::map<Role, std::pair<Dim, Dim>> kShapes{
-          {Role::attn_norm, {Dim::dim, Dim::none}},   {Role::attn_norm_bias, {Dim::dim, Dim::none}},
-          {Role::q, {Dim::q_dim, Dim::dim}},          {Role::k, {Dim::kv_dim, Dim::dim}},
-          {Role::v, {Dim::kv_dim, Dim::dim}},         {Role::q_bias, {Dim::q_dim, Dim::none}},
-          {Role::k_bias, {Dim::kv_dim, Dim::none}},   {Role::v_bias, {Dim::kv_dim, Dim::none}},
-          {Role::q_norm, {Dim::head_dim, Dim::none}}, {Role::k_norm, {Dim::head_dim, Dim::none}},
-          {Role::o, {Dim::dim, Dim::q_dim}},          {Role::o_bias, {Dim::dim, Dim::none}},
-          {Role::post_attn_norm, {Dim::dim, Dim::none}}, {Role::ffn_norm, {Dim::dim, Dim::none}},
-          {Role::ffn_norm_bias, {Dim::dim, Dim::none}},  {Role::gate, {Dim::hidden, Dim::dim}},
-          {Role::up, {Dim::hidden, Dim::dim}},        {Role::down, {Dim::dim, Dim::hidden}},
-          {Role::down_bias, {Dim::dim, Dim::none}},   {Role::up_bias, {Dim::hidden, Dim::none}},
-          {Role::post_ffn_norm, {Dim::dim, Dim::none}}};
-      const auto [rows, cols] = kShapes.at(role);
+      const auto [rows, cols] = role_shape(role);
       const int64_t n = dim_size(rows, c) * (cols == Dim::none ? 1 : dim_size(cols, c));
       m[role] = values(n, is_norm_gain(role) ? 1.0f : 0.0f);
     }
@@ -251,7 +255,8 @@ std::vector<double> reference(const ModelConfig& c, const ModelDesc& d, const Op
   const double eps = d.norm_eps;
   std::vector<Vec> x(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i)
-    for (int64_t j = 0; j < c.dim; ++j) x[i].push_back(w.embed[tokens[i] * c.dim + j] * static_cast<double>(d.embed_scale));
+    for (int64_t j = 0; j < c.dim; ++j)
+      x[i].push_back(w.embed[tokens[i] * c.dim + j] * static_cast<double>(d.embed_scale));
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const LayerDesc& L = d.layers[l];
     const auto& W = w.layers[l];
@@ -263,8 +268,8 @@ std::vector<double> reference(const ModelConfig& c, const ModelDesc& d, const Op
     for (const Op& op : L.ops) {
       if (op.kind == Op::Kind::norm) {
         for (int64_t i = 0; i < n; ++i)
-          h[i] = ref_norm(op.in == Reg::x ? x[i] : h[i], W.at(op.weight), op.bias == Role::count ? nullptr : &W.at(op.bias),
-                          L.norm, eps);
+          h[i] = ref_norm(op.in == Reg::x ? x[i] : h[i], W.at(op.weight),
+                          op.bias == Role::count ? nullptr : &W.at(op.bias), L.norm, eps);
       } else if (op.kind == Op::Kind::add) {
         for (int64_t i = 0; i < n; ++i)
           for (int64_t j = 0; j < c.dim; ++j) x[i][j] += h[i][j];
@@ -277,7 +282,8 @@ std::vector<double> reference(const ModelConfig& c, const ModelDesc& d, const Op
           add_bias(q[i], Role::q_bias);
           add_bias(k[i], Role::k_bias);
           add_bias(v[i], Role::v_bias);
-          for (auto [vec, heads, norm] : {std::tuple{&q[i], c.n_heads, Role::q_norm}, std::tuple{&k[i], c.n_kv_heads, Role::k_norm}})
+          for (auto [vec, heads, norm] :
+               {std::tuple{&q[i], c.n_heads, Role::q_norm}, std::tuple{&k[i], c.n_kv_heads, Role::k_norm}})
             for (int64_t hd = 0; hd < heads; ++hd) {
               double* head = vec->data() + hd * c.head_dim;
               if (L.has(norm)) {
@@ -306,7 +312,8 @@ std::vector<double> reference(const ModelConfig& c, const ModelDesc& d, const Op
             double z = 0;
             for (double& s : p) z += (s = std::exp(s - mx));
             for (size_t u = 0; u < p.size(); ++u)
-              for (int64_t e = 0; e < c.head_dim; ++e) att[hd * c.head_dim + e] += p[u] / z * v[seen[u]][kv * c.head_dim + e];
+              for (int64_t e = 0; e < c.head_dim; ++e)
+                att[hd * c.head_dim + e] += p[u] / z * v[seen[u]][kv * c.head_dim + e];
           }
           h[i] = matvec(W.at(Role::o), att, c.dim);
           add_bias(h[i], Role::o_bias);
@@ -324,9 +331,10 @@ std::vector<double> reference(const ModelConfig& c, const ModelDesc& d, const Op
             const Vec gate = matvec(W.at(Role::gate), h[i], c.hidden_dim);
             for (int64_t j = 0; j < c.hidden_dim; ++j) {
               const double g = gate[j];
-              const double act = L.activation == Activation::swiglu
-                                     ? g / (1 + std::exp(-g))
-                                     : 0.5 * g * (1 + std::tanh(std::sqrt(2 / std::numbers::pi) * (g + 0.044715 * g * g * g)));
+              const double act =
+                  L.activation == Activation::swiglu
+                      ? g / (1 + std::exp(-g))
+                      : 0.5 * g * (1 + std::tanh(std::sqrt(2 / std::numbers::pi) * (g + 0.044715 * g * g * g)));
               mid[j] = act * up[j];
             }
           }
@@ -338,7 +346,8 @@ std::vector<double> reference(const ModelConfig& c, const ModelDesc& d, const Op
   }
   std::vector<double> logits;
   for (int64_t i = 0; i < n; ++i) {
-    const Vec xn = ref_norm(x[i], w.final_norm, d.final_norm == NormKind::layer ? &w.final_bias : nullptr, d.final_norm, eps);
+    const Vec xn =
+        ref_norm(x[i], w.final_norm, d.final_norm == NormKind::layer ? &w.final_bias : nullptr, d.final_norm, eps);
     for (double z : matvec(w.head, xn, c.vocab))
       logits.push_back(d.final_softcap > 0 ? d.final_softcap * std::tanh(z / d.final_softcap) : z);
   }
@@ -365,11 +374,13 @@ void each_layer(ModelDesc& d, const std::function<void(LayerDesc&)>& f) {
 
 const std::vector<Variant>& variants() {
   static const std::vector<Variant> v{
-      {"rms_unit_offset", [](ModelDesc& d) {
+      {"rms_unit_offset",
+       [](ModelDesc& d) {
          each_layer(d, [](LayerDesc& l) { l.norm = NormKind::rms_unit_offset; });
          d.final_norm = NormKind::rms_unit_offset;
        }},
-      {"layer_norm_with_bias", [](ModelDesc& d) {
+      {"layer_norm_with_bias",
+       [](ModelDesc& d) {
          each_layer(d, [](LayerDesc& l) {
            l.norm = NormKind::layer;
            l.tensors.push_back(spec(Role::attn_norm_bias, Dim::dim));
@@ -379,33 +390,42 @@ const std::vector<Variant>& variants() {
          });
          d.final_norm = NormKind::layer;
        }},
-      {"qk_norm", [](ModelDesc& d) {
+      {"qk_norm",
+       [](ModelDesc& d) {
          each_layer(d, [](LayerDesc& l) {
            l.tensors.push_back(spec(Role::q_norm, Dim::head_dim));
            l.tensors.push_back(spec(Role::k_norm, Dim::head_dim));
          });
        }},
-      {"qkvo_biases", [](ModelDesc& d) {
+      {"qkvo_biases",
+       [](ModelDesc& d) {
          each_layer(d, [](LayerDesc& l) {
-           for (auto [r, rows] : {std::pair{Role::q_bias, Dim::q_dim}, {Role::k_bias, Dim::kv_dim}, {Role::v_bias, Dim::kv_dim},
+           for (auto [r, rows] : {std::pair{Role::q_bias, Dim::q_dim},
+                                  {Role::k_bias, Dim::kv_dim},
+                                  {Role::v_bias, Dim::kv_dim},
                                   {Role::o_bias, Dim::dim}})
              l.tensors.push_back(spec(r, rows));
          });
        }},
-      {"fused_qkv", [](ModelDesc& d) {
+      {"fused_qkv",
+       [](ModelDesc& d) {
          each_layer(d, [](LayerDesc& l) {
            remove_roles(l, {Role::q, Role::k, Role::v});
            l.tensors.push_back(spec(Role::qkv, Dim::qkv_dim, Dim::dim));
          });
-       }, false},
-      {"fused_gate_up", [](ModelDesc& d) {
+       },
+       false},
+      {"fused_gate_up",
+       [](ModelDesc& d) {
          each_layer(d, [](LayerDesc& l) {
            remove_roles(l, {Role::gate, Role::up});
            l.tensors.push_back(spec(Role::gate_up, Dim::gate_up_dim, Dim::dim));
          });
-       }, false},
+       },
+       false},
       {"geglu_tanh", [](ModelDesc& d) { each_layer(d, [](LayerDesc& l) { l.activation = Activation::geglu_tanh; }); }},
-      {"gelu_erf_with_biases", [](ModelDesc& d) {
+      {"gelu_erf_with_biases",
+       [](ModelDesc& d) {
          each_layer(d, [](LayerDesc& l) {
            l.activation = Activation::gelu_erf;
            remove_roles(l, {Role::gate});
@@ -413,7 +433,8 @@ const std::vector<Variant>& variants() {
            l.tensors.push_back(spec(Role::down_bias, Dim::dim));
          });
        }},
-      {"post_norms", [](ModelDesc& d) {
+      {"post_norms",
+       [](ModelDesc& d) {
          each_layer(d, [](LayerDesc& l) {
            l.tensors.push_back(spec(Role::post_attn_norm, Dim::dim));
            l.tensors.push_back(spec(Role::post_ffn_norm, Dim::dim));
@@ -421,7 +442,8 @@ const std::vector<Variant>& variants() {
            l.ops.insert(l.ops.begin() + 2, {Op::Kind::norm, Reg::h, Role::post_attn_norm});
          });
        }},
-      {"partial_rope_and_a_table_per_layer", [](ModelDesc& d) {
+      {"partial_rope_and_a_table_per_layer",
+       [](ModelDesc& d) {
          d.rope_inv_freq = {{0.7f}, {1.3f, 0.2f}};
          d.layers[0].attention.rope = 0;
          d.layers[0].attention.rope_dims = 2;
@@ -465,7 +487,7 @@ TEST(FamilyOps, EveryOpMatchesTheDirectReferenceAndChangesTheLogits) {
 // Refusals
 
 nlohmann::json llama_json() {
-  return {{"model_type", "llama"}, {"hidden_size", 64}, {"num_hidden_layers", 2}, {"num_attention_heads", 4},
+  return {{"model_type", "llama"},    {"hidden_size", 64},       {"num_hidden_layers", 2}, {"num_attention_heads", 4},
           {"num_key_value_heads", 2}, {"intermediate_size", 96}, {"vocab_size", 100}};
 }
 
@@ -539,7 +561,8 @@ ModelBuilder builder_with_layers(const ModelConfig& c, int64_t layers) {
   add(std::string(kLmHeadTensor), {c.vocab, c.dim});
   for (int64_t l = 0; l < layers; ++l)
     for (const TensorSpec& t : d.layers[l].tensors)
-      add(hf_tensor_name(l, t), t.linear() ? Shape{dim_size(t.rows, c), dim_size(t.cols, c)} : Shape{dim_size(t.rows, c)});
+      add(hf_tensor_name(l, t),
+          t.linear() ? Shape{dim_size(t.rows, c), dim_size(t.cols, c)} : Shape{dim_size(t.rows, c)});
   return b;
 }
 

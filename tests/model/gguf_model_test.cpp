@@ -161,7 +161,7 @@ TEST(GgufModel, UnknownArchitectureIsRejected) {
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), Errc::unsupported);
     const std::string what = e.what();
-    for (const std::string part : {path.string(), std::string("general.architecture"), std::string("gpt-neox"),
+    for (const std::string& part : {path.string(), std::string("general.architecture"), std::string("gpt-neox"),
                                    std::string("llama, mistral, qwen2, qwen3")})
       EXPECT_NE(what.find(part), std::string::npos) << what;
   }

@@ -14,13 +14,15 @@ void parse_hf(const nlohmann::json& hf, ModelConfig& c, std::string_view source)
   c.head_dim = json_int_or(hf, "head_dim", c.head_dim, source);
   c.sliding_window = json_int_or(hf, "sliding_window", 0, source);
   if (hf.contains("sliding_window") && !hf["sliding_window"].is_null() && c.sliding_window < 1)
-    fail(Errc::format, "[load_model] {}: sliding_window {} is not positive (null: no window)", source, c.sliding_window);
+    fail(Errc::format, "[load_model] {}: sliding_window {} is not positive (null: no window)", source,
+         c.sliding_window);
 }
 
 void parse_gguf(const io::GgufFile& f, const std::string& arch, ModelConfig& c) {
   const std::string key = arch + ".attention.sliding_window";
   if (const auto w = f.get_uint(key)) {
-    if (*w < 1 || *w > (uint64_t{1} << 40)) fail(Errc::format, "[gguf] {}: {} = {} is not a window", f.source(), key, *w);
+    if (*w < 1 || *w > (uint64_t{1} << 40))
+      fail(Errc::format, "[gguf] {}: {} = {} is not a window", f.source(), key, *w);
     c.sliding_window = static_cast<int64_t>(*w);
   }
 }
