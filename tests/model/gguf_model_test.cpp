@@ -168,6 +168,19 @@ TEST(GgufModel, UnknownArchitectureIsRejected) {
   fs::remove(path);
 }
 
+TEST(GgufModel, LlamaAttentionBiasesAreReadWhenPresent) {
+  auto g = tiny_llama();
+  const std::vector<float> q_bias(kDim, 0.5f), kv_bias(kKvDim, -0.25f);
+  g.tensor("blk.0.attn_q.bias", {kDim}, GgmlType::F32, f32_bytes(q_bias));
+  g.tensor("blk.0.attn_k.bias", {kKvDim}, GgmlType::F32, f32_bytes(kv_bias));
+  g.tensor("blk.0.attn_v.bias", {kKvDim}, GgmlType::F32, f32_bytes(kv_bias));
+  const auto model = load_image(g, "lowbit_llama_bias");
+  EXPECT_TRUE(model->config.qkv_bias);
+  EXPECT_EQ(model->layers[0].vector(Role::q_bias), q_bias);
+  EXPECT_EQ(model->layers[0].vector(Role::v_bias), kv_bias);
+  EXPECT_FALSE(load_image(tiny_llama(), "lowbit_llama_no_bias")->config.qkv_bias);
+}
+
 // issue 18: block_count one less than the layers present used to run with the last layer dropped.
 TEST(GgufModel, BlockCountMustMatchTheLayers) {
   EXPECT_EQ(load_image(tiny_llama(2, 2), "lowbit_two_blocks")->config.n_layers, 2);
