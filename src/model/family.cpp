@@ -3,6 +3,7 @@
 // differs between families is in its file under src/model/family/.
 #include "lowbit/model/family.h"
 
+#include <algorithm>
 #include <array>
 #include <charconv>
 #include <cmath>
@@ -71,8 +72,22 @@ RopeScaling llama3_from_rope_freqs(const io::GgufFile& f, const io::GgufTensorIn
   s.factor = divisors.back();
   s.low_freq_factor = 1.0;
   s.high_freq_factor = 4.0;
-  s.original_max_position = static_cast<int64_t>(
-      f.get_uint(arch + ".rope.scaling.original_context_length").value_or(static_cast<uint64_t>(s.original_max_position)));
+  const std::string ctx_key = arch + ".rope.scaling.original_context_length";
+  if (const auto ctx = f.get_uint(ctx_key)) {
+    s.original_max_position = static_cast<int64_t>(std::min<uint64_t>(*ctx, uint64_t{1} << 40));
+  } else {
+    // llama.cpp's converter does not write it; a divisor in the blended band gives it away: there
+    // 1 / divisor = (1 - smooth) / factor + smooth, smooth = (ctx / wavelen - low) / (high - low).
+    for (size_t i = 0; i < divisors.size(); ++i) {
+      if (!(s.factor > 1.0 && divisors[i] > 1.0f + 1e-3f && divisors[i] < s.factor * (1.0 - 1e-3))) continue;
+      const double smooth = (1.0 / divisors[i] - 1.0 / s.factor) / (1.0 - 1.0 / s.factor);
+      const double wavelen =
+          2 * std::numbers::pi * std::pow(c.rope_theta, 2.0 * static_cast<double>(i) / static_cast<double>(c.head_dim));
+      s.original_max_position =
+          std::llround(wavelen * (smooth * (s.high_freq_factor - s.low_freq_factor) + s.low_freq_factor));
+      break;
+    }
+  }
   const double low_wavelen = s.original_max_position / s.low_freq_factor;
   const double high_wavelen = s.original_max_position / s.high_freq_factor;
   for (size_t i = 0; i < divisors.size(); ++i) {
@@ -230,9 +245,6 @@ ModelConfig parse_hf_config(const nlohmann::json& hf, std::string_view source) {
     c.bos_id = it->get<int32_t>();
   c.eos_ids = json_ids(hf, "eos_token_id", source);
   family.parse_hf(hf, c, source);
-  if (c.sliding_window > c.max_seq)
-    fail(Errc::format, "[load_model] {}: sliding_window {} exceeds max_position_embeddings {}", source,
-         c.sliding_window, c.max_seq);
   validate_config(c, source);
   describe_model(c, source);
   return c;
@@ -296,9 +308,6 @@ ModelConfig parse_gguf_config(const io::GgufFile& f) {
     if (auto eos = gguf_token_id(f, "tokenizer.ggml.eos_token_id", n_tokens)) c.eos_ids = {*eos};
   }
   family.parse_gguf(f, arch, c);
-  if (c.sliding_window > c.max_seq)
-    fail(Errc::format, "[gguf] {}: {}.attention.sliding_window {} exceeds {}.context_length {}", f.source(), arch,
-         c.sliding_window, arch, c.max_seq);
   validate_config(c, f.source());
   describe_model(c, f.source());
   return c;

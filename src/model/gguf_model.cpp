@@ -29,7 +29,8 @@ std::unordered_map<std::string, std::string> hf_names(const ModelDesc& d) {
 std::optional<int32_t> token_id_key(const io::GgufFile& f, const std::string& key, size_t n_tokens) {
   const auto v = f.get_uint(key);
   if (!v) return std::nullopt;
-  if (*v >= n_tokens) fail(Errc::format, "[gguf] {}: {} = {} is outside the vocabulary of {}", f.source(), key, *v, n_tokens);
+  if (*v >= n_tokens)
+    fail(Errc::format, "[gguf] {}: {} = {} is outside the vocabulary of {}", f.source(), key, *v, n_tokens);
   return static_cast<int32_t>(*v);
 }
 

@@ -102,7 +102,8 @@ std::unique_ptr<Model> ModelBuilder::finish(const ModelConfig& config, std::stri
   m.embed = p.linear(kEmbedTensor, c.vocab, c.dim);
   if (c.tied_embeddings && m.find(kLmHeadTensor))
     fail(Errc::format, "[load_model] {}: tied embeddings but an {} tensor is present", source, kLmHeadTensor);
-  m.lm_head = c.tied_embeddings ? kernels::prepare_cpu(m.find(kEmbedTensor)->ref) : p.linear(kLmHeadTensor, c.vocab, c.dim);
+  m.lm_head =
+      c.tied_embeddings ? kernels::prepare_cpu(m.find(kEmbedTensor)->ref) : p.linear(kLmHeadTensor, c.vocab, c.dim);
   m.final_norm = p.vec(kFinalNormTensor, c.dim);
   if (m.desc.final_norm == NormKind::layer) m.final_norm_bias = p.vec(kFinalNormBiasTensor, c.dim);
   m.layers.resize(static_cast<size_t>(c.n_layers));
@@ -140,7 +141,8 @@ std::vector<float> decode_half_rope(const Model& model, const NamedTensor& t) {
   const int64_t cols = t.ref.shape.size() == 2 ? t.ref.shape[1] : 1;
   // Permutes `heads` heads of rows starting at row `first` in place.
   const auto permute = [&](int64_t first, int64_t heads) {
-    const auto rows = std::span(values).subspan(static_cast<size_t>(first * cols), static_cast<size_t>(heads * c.head_dim * cols));
+    const auto rows =
+        std::span(values).subspan(static_cast<size_t>(first * cols), static_cast<size_t>(heads * c.head_dim * cols));
     const std::vector<float> half = permute_rope_rows(rows, heads, c.head_dim, cols, c.rope_style, RopeStyle::half);
     std::copy(half.begin(), half.end(), rows.begin());
   };

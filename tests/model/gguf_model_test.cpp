@@ -50,13 +50,14 @@ std::vector<uint8_t> q8_bytes(size_t n) {
 
 constexpr uint64_t kDim = 64, kHidden = 96, kVocab = 32, kHeads = 4, kKvHeads = 2, kKvDim = kDim / kHeads * kKvHeads;
 
-// A one-layer llama: Q8_0 matrices, f32 norms, tied embeddings.
-GgufBuilder tiny_llama() {
+// A llama with `layers` layers of tensors and block_count metadata `block_count` (one of each by default):
+// Q8_0 matrices, f32 norms, tied embeddings.
+GgufBuilder tiny_llama(uint32_t block_count = 1, int layers = 1) {
   const uint64_t dim = kDim, hidden = kHidden, vocab = kVocab, kv_dim = kKvDim;
   GgufBuilder g;
   g.kv_string("general.architecture", "llama");
   g.kv_scalar<uint32_t>("llama.embedding_length", GgufValueType::u32, dim);
-  g.kv_scalar<uint32_t>("llama.block_count", GgufValueType::u32, 1);
+  g.kv_scalar<uint32_t>("llama.block_count", GgufValueType::u32, block_count);
   g.kv_scalar<uint32_t>("llama.feed_forward_length", GgufValueType::u32, hidden);
   g.kv_scalar<uint32_t>("llama.attention.head_count", GgufValueType::u32, kHeads);
   g.kv_scalar<uint32_t>("llama.attention.head_count_kv", GgufValueType::u32, kKvHeads);
@@ -66,15 +67,18 @@ GgufBuilder tiny_llama() {
   const std::vector<float> norm(dim, 1.0f);
   g.tensor("token_embd.weight", {dim, vocab}, GgmlType::Q8_0, q8_bytes(dim * vocab));
   g.tensor("output_norm.weight", {dim}, GgmlType::F32, f32_bytes(norm));
-  g.tensor("blk.0.attn_norm.weight", {dim}, GgmlType::F32, f32_bytes(norm));
-  g.tensor("blk.0.ffn_norm.weight", {dim}, GgmlType::F32, f32_bytes(norm));
-  g.tensor("blk.0.attn_q.weight", {dim, dim}, GgmlType::Q8_0, q8_bytes(dim * dim));
-  g.tensor("blk.0.attn_k.weight", {dim, kv_dim}, GgmlType::Q8_0, q8_bytes(dim * kv_dim));
-  g.tensor("blk.0.attn_v.weight", {dim, kv_dim}, GgmlType::Q8_0, q8_bytes(dim * kv_dim));
-  g.tensor("blk.0.attn_output.weight", {dim, dim}, GgmlType::Q8_0, q8_bytes(dim * dim));
-  g.tensor("blk.0.ffn_gate.weight", {dim, hidden}, GgmlType::Q8_0, q8_bytes(dim * hidden));
-  g.tensor("blk.0.ffn_up.weight", {dim, hidden}, GgmlType::Q8_0, q8_bytes(dim * hidden));
-  g.tensor("blk.0.ffn_down.weight", {hidden, dim}, GgmlType::Q8_0, q8_bytes(dim * hidden));
+  for (int l = 0; l < layers; ++l) {
+    const auto blk = [l](const char* name) { return "blk." + std::to_string(l) + "." + name; };
+    g.tensor(blk("attn_norm.weight"), {dim}, GgmlType::F32, f32_bytes(norm));
+    g.tensor(blk("ffn_norm.weight"), {dim}, GgmlType::F32, f32_bytes(norm));
+    g.tensor(blk("attn_q.weight"), {dim, dim}, GgmlType::Q8_0, q8_bytes(dim * dim));
+    g.tensor(blk("attn_k.weight"), {dim, kv_dim}, GgmlType::Q8_0, q8_bytes(dim * kv_dim));
+    g.tensor(blk("attn_v.weight"), {dim, kv_dim}, GgmlType::Q8_0, q8_bytes(dim * kv_dim));
+    g.tensor(blk("attn_output.weight"), {dim, dim}, GgmlType::Q8_0, q8_bytes(dim * dim));
+    g.tensor(blk("ffn_gate.weight"), {dim, hidden}, GgmlType::Q8_0, q8_bytes(dim * hidden));
+    g.tensor(blk("ffn_up.weight"), {dim, hidden}, GgmlType::Q8_0, q8_bytes(dim * hidden));
+    g.tensor(blk("ffn_down.weight"), {hidden, dim}, GgmlType::Q8_0, q8_bytes(dim * hidden));
+  }
   return g;
 }
 
@@ -156,8 +160,44 @@ TEST(GgufModel, UnknownArchitectureIsRejected) {
     ADD_FAILURE() << "accepted";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), Errc::unsupported);
+    const std::string what = e.what();
+    for (const std::string& part : {path.string(), std::string("general.architecture"), std::string("gpt-neox"),
+                                   std::string("llama, mistral, qwen2, qwen3")})
+      EXPECT_NE(what.find(part), std::string::npos) << what;
   }
   fs::remove(path);
+}
+
+TEST(GgufModel, LlamaAttentionBiasesAreReadWhenPresent) {
+  auto g = tiny_llama();
+  const std::vector<float> q_bias(kDim, 0.5f), kv_bias(kKvDim, -0.25f);
+  g.tensor("blk.0.attn_q.bias", {kDim}, GgmlType::F32, f32_bytes(q_bias));
+  g.tensor("blk.0.attn_k.bias", {kKvDim}, GgmlType::F32, f32_bytes(kv_bias));
+  g.tensor("blk.0.attn_v.bias", {kKvDim}, GgmlType::F32, f32_bytes(kv_bias));
+  const auto model = load_image(g, "lowbit_llama_bias");
+  EXPECT_TRUE(model->config.qkv_bias);
+  EXPECT_EQ(model->layers[0].vector(Role::q_bias), q_bias);
+  EXPECT_EQ(model->layers[0].vector(Role::v_bias), kv_bias);
+  EXPECT_FALSE(load_image(tiny_llama(), "lowbit_llama_no_bias")->config.qkv_bias);
+}
+
+// issue 18: block_count one less than the layers present used to run with the last layer dropped.
+TEST(GgufModel, BlockCountMustMatchTheLayers) {
+  EXPECT_EQ(load_image(tiny_llama(2, 2), "lowbit_two_blocks")->config.n_layers, 2);
+  const auto refused = [](const GgufBuilder& g, const std::string& tensor, const char* why) {
+    try {
+      load_image(g, "lowbit_block_count");
+      ADD_FAILURE() << "accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), Errc::format);
+      EXPECT_EQ(exit_code(e.code()), 3);
+      const std::string what = e.what();
+      EXPECT_NE(what.find("'" + tensor + "'"), std::string::npos) << what;
+      EXPECT_NE(what.find(why), std::string::npos) << what;
+    }
+  };
+  refused(tiny_llama(1, 2), "blk.1.attn_norm.weight", "no place");  // a layer beyond block_count
+  refused(tiny_llama(3, 2), "blk.2.attn_norm.weight", "missing");   // block_count beyond the layers
 }
 
 TEST(GgufModel, EmbeddedGpt2TokenizerMatchesQwen3Fixture) {

@@ -29,7 +29,10 @@ inline bool is_gain(Role r) {
          r == Role::post_attn_norm || r == Role::post_ffn_norm;
 }
 
-// Every tensor of the config's family description, weights uniform in [-0.5, 0.5] (norm gains near 1);
+// The stored gain weight that applies a gain of 1 (Gemma's norms apply 1 + w).
+inline float unit_gain(NormKind kind) { return kind == NormKind::rms_unit_offset ? 0.0f : 1.0f; }
+
+// Every tensor of the config's family description, weights uniform in [-0.5, 0.5] (norm gains near a gain of 1);
 // `zero_head` zeroes the output projection so every position predicts the uniform distribution.
 inline std::unique_ptr<Model> tiny_model(const ModelConfig& c, uint64_t seed = 1, bool zero_head = false) {
   std::mt19937_64 rng(seed);
@@ -48,9 +51,9 @@ inline std::unique_ptr<Model> tiny_model(const ModelConfig& c, uint64_t seed = 1
     for (const TensorSpec& t : d.layers[static_cast<size_t>(l)].tensors) {
       const int64_t rows = dim_size(t.rows, c);
       const Shape shape = t.linear() ? Shape{rows, dim_size(t.cols, c)} : Shape{rows};
-      add(hf_tensor_name(l, t), shape, is_gain(t.role) ? 1.0f : 0.0f);
+      add(hf_tensor_name(l, t), shape, is_gain(t.role) ? unit_gain(d.layers[static_cast<size_t>(l)].norm) : 0.0f);
     }
-  add(std::string(kFinalNormTensor), {c.dim}, 1.0f);
+  add(std::string(kFinalNormTensor), {c.dim}, unit_gain(d.final_norm));
   if (d.final_norm == NormKind::layer) add(std::string(kFinalNormBiasTensor), {c.dim});
   if (!c.tied_embeddings) add(std::string(kLmHeadTensor), {c.vocab, c.dim}, 0.0f, zero_head);
   return b.finish(c, "tiny");

@@ -55,9 +55,8 @@ struct ModelConfig {
 // Checks ranges and divisibility (Errc::format / Errc::limit naming `source` and the field).
 void validate_config(const ModelConfig& c, std::string_view source);
 
-// The per-pair inverse frequencies [head_dim / 2] with rope_scaling applied (the usual RoPE table of a family's
-// ModelDesc), computed in f32 as HF and
-// llama2.c do.
+// The per-pair inverse frequencies [head_dim / 2] with rope_scaling applied, computed in f32 as HF and llama2.c
+// do: the usual RoPE table of a family's ModelDesc.
 std::vector<float> rope_inv_freq(const ModelConfig& c);
 
 }  // namespace lowbit::model

@@ -1,6 +1,7 @@
 // The in-memory model: a config, its family's description (family.h), weights under Hugging Face names, each a
-// codec::TensorRef so that quantized weights stay packed, and the prepared CPU kernels the forward pass runs. Loaders (llama2.c, HF
-// safetensors, lowbit artifacts, GGUF) fill a ModelBuilder; load_model() picks the loader from the path.
+// codec::TensorRef so that quantized weights stay packed, and the prepared CPU kernels the forward pass runs.
+// Loaders (llama2.c, HF safetensors, lowbit artifacts, GGUF) fill a ModelBuilder; load_model() picks the loader
+// from the path.
 #pragma once
 
 #include <array>

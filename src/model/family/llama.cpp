@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "lowbit/core/error.h"
+#include "lowbit/io/gguf.h"
 #include "model/json_fields.h"
 
 namespace lowbit::model {
@@ -33,7 +34,10 @@ void parse_hf(const nlohmann::json& hf, ModelConfig& c, std::string_view source)
   c.head_dim = json_int_or(hf, "head_dim", c.head_dim, source);
 }
 
-void parse_gguf(const io::GgufFile&, const std::string&, ModelConfig&) {}
+// GGUF has no attention_bias key; a llama with biases carries them as tensors.
+void parse_gguf(const io::GgufFile& f, const std::string&, ModelConfig& c) {
+  c.qkv_bias = f.tensor(gguf_tensor_name(0, kQBias)) != nullptr;
+}
 
 void write_hf(const ModelConfig&, nlohmann::json& hf) { hf["hidden_act"] = "silu"; }
 

@@ -1,7 +1,6 @@
 // Mistral: Llama's layer with sliding-window attention when config.json sets sliding_window (4096 in v0.1,
-// null from v0.2 on).
-#include <algorithm>
-
+// null from v0.2 on). A window at least as long as the context is every earlier key, as in transformers.
+#include "lowbit/core/error.h"
 #include "lowbit/io/gguf.h"
 #include "model/family/llama.h"
 #include "model/json_fields.h"
@@ -14,11 +13,18 @@ void parse_hf(const nlohmann::json& hf, ModelConfig& c, std::string_view source)
   require_silu(hf, source);
   c.head_dim = json_int_or(hf, "head_dim", c.head_dim, source);
   c.sliding_window = json_int_or(hf, "sliding_window", 0, source);
+  if (hf.contains("sliding_window") && !hf["sliding_window"].is_null() && c.sliding_window < 1)
+    fail(Errc::format, "[load_model] {}: sliding_window {} is not positive (null: no window)", source,
+         c.sliding_window);
 }
 
 void parse_gguf(const io::GgufFile& f, const std::string& arch, ModelConfig& c) {
-  if (const auto w = f.get_uint(arch + ".attention.sliding_window"))
-    c.sliding_window = static_cast<int64_t>(std::min<uint64_t>(*w, uint64_t{1} << 40));
+  const std::string key = arch + ".attention.sliding_window";
+  if (const auto w = f.get_uint(key)) {
+    if (*w < 1 || *w > (uint64_t{1} << 40))
+      fail(Errc::format, "[gguf] {}: {} = {} is not a window", f.source(), key, *w);
+    c.sliding_window = static_cast<int64_t>(*w);
+  }
 }
 
 void write_hf(const ModelConfig& c, nlohmann::json& hf) {
