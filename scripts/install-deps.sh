@@ -7,7 +7,7 @@ packages=(
   build-essential cmake ninja-build pkg-config git python3 python3-pip
   nlohmann-json3-dev libssl-dev libcli11-dev libfmt-dev
   libgtest-dev libgmock-dev libbenchmark-dev libhwy-dev
-  libpcre2-dev libsentencepiece-dev libicu-dev
+  libpcre2-dev libsentencepiece-dev libicu-dev libcpp-httplib-dev
   clang libclang-rt-14-dev jq
   zlib1g-dev
   # lowbit quantize's default calibration text: /usr/share/debian-reference/debian-reference.en.txt.gz

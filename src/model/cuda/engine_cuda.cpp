@@ -1,0 +1,44 @@
+// The engine's GPU backend: one CudaModel whose KV slots hold the engine's sequences; a decode step is one
+// CudaModel::step with a row per active sequence (its batch-size graph replayed), a prefill pass one
+// CudaModel::prefill on the sequence's slot.
+#include <algorithm>
+
+#include "lowbit/core/error.h"
+#include "lowbit/model/cuda_model.h"
+#include "model/engine_backend.h"
+
+namespace lowbit::model {
+
+namespace {
+
+class CudaEngineBackend final : public EngineBackend {
+ public:
+  CudaEngineBackend(const Model& model, int slots, int64_t capacity)
+      : gpu_(model.config,
+             [&model](const std::string& name) {
+               const NamedTensor* t = model.find(name);
+               return t ? &t->ref : nullptr;
+             },
+             {.max_batch = slots, .slots = slots, .capacity = capacity}) {}
+
+  void prefill(int slot, std::span<const int32_t> tokens, int64_t pos, float* logits) override {
+    gpu_.prefill(tokens, pos, slot, CudaModel::Logits::last, logits);
+  }
+
+  void decode(std::span<const int32_t> tokens, std::span<const int32_t> pos, std::span<const int32_t> slot,
+              float* logits) override {
+    gpu_.step(tokens, pos, slot);
+    gpu_.download_logits(0, static_cast<int>(tokens.size()), logits);
+  }
+
+ private:
+  CudaModel gpu_;
+};
+
+}  // namespace
+
+std::unique_ptr<EngineBackend> make_cuda_engine_backend(const Model& model, int slots, int64_t capacity) {
+  return std::make_unique<CudaEngineBackend>(model, slots, capacity);
+}
+
+}  // namespace lowbit::model

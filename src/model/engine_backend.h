@@ -1,0 +1,28 @@
+// Where the engine's forward passes run: the CPU forward() with one KvCache per slot, or a CudaModel with one
+// KV slot per sequence (src/model/cuda/engine_cuda.cpp, built with LOWBIT_CUDA).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+
+#include "lowbit/model/model.h"
+
+namespace lowbit::model {
+
+class EngineBackend {
+ public:
+  virtual ~EngineBackend() = default;
+  // Runs tokens at positions pos, pos + 1, .. of KV slot `slot`; `logits` [vocab] gets the last token's.
+  virtual void prefill(int slot, std::span<const int32_t> tokens, int64_t pos, float* logits) = 0;
+  // One decode step: row i runs tokens[i] at position pos[i] of KV slot slot[i]; `logits` [rows, vocab].
+  virtual void decode(std::span<const int32_t> tokens, std::span<const int32_t> pos, std::span<const int32_t> slot,
+                      float* logits) = 0;
+};
+
+#if LOWBIT_WITH_CUDA
+// `slots` sequences of `capacity` positions each, decoded together in one CudaModel::step.
+std::unique_ptr<EngineBackend> make_cuda_engine_backend(const Model& model, int slots, int64_t capacity);
+#endif
+
+}  // namespace lowbit::model
