@@ -17,6 +17,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <sys/socket.h>
 #include <thread>
 
 #include "cli/command.h"
@@ -348,7 +349,7 @@ class Server {
       if (parsed.stream)
         stream_response(res, stream, shape, parsed.include_usage);
       else
-        whole_response(res, *stream, shape);
+        whole_response(res, stream, shape);
     } catch (const ApiError& e) {
       ++errors_;
       send_error(res, e);
@@ -410,31 +411,61 @@ class Server {
     if (last.finish == FinishReason::cancelled) refuse("the server is stopping", std::nullopt, "server_stopping", 503);
   }
 
-  void whole_response(httplib::Response& res, lowbit::model::GenerationStream& stream, const Response& shape) {
-    lowbit::model::GenerationEvent all, event;
-    while (all.finish == FinishReason::none) {
-      if (!stream.next(event, std::chrono::seconds(1))) continue;
-      all.text += event.text;
-      all.tokens.insert(all.tokens.end(), event.tokens.begin(), event.tokens.end());
-      all.finish = event.finish;
-      all.prompt_tokens = event.prompt_tokens;
-      all.completion_tokens = event.completion_tokens;
-      all.error = event.error;
-    }
-    refuse_failed(all);
+  static void merge(lowbit::model::GenerationEvent& all, lowbit::model::GenerationEvent&& event) {
+    all.text += event.text;
+    all.tokens.insert(all.tokens.end(), event.tokens.begin(), event.tokens.end());
+    all.finish = event.finish;
+    all.prompt_tokens = event.prompt_tokens;
+    all.completion_tokens = event.completion_tokens;
+    all.error = std::move(event.error);
+  }
+
+  json whole_body(const Response& shape, const lowbit::model::GenerationEvent& all) const {
     json choice = {{"index", 0}, {"logprobs", logprobs_json(shape, all.tokens, 0)},
                    {"finish_reason", finish_reason_name(all.finish)}};
     if (shape.endpoint == Endpoint::chat)
       choice["message"] = {{"role", "assistant"}, {"content", all.text}};
     else
       choice["text"] = all.text;
-    res.set_content(dump({{"id", shape.id},
-                          {"object", shape.endpoint == Endpoint::chat ? "chat.completion" : "text_completion"},
-                          {"created", shape.created},
-                          {"model", model_id_},
-                          {"choices", json::array({std::move(choice)})},
-                          {"usage", usage(all)}}),
-                    "application/json");
+    return {{"id", shape.id},
+            {"object", shape.endpoint == Endpoint::chat ? "chat.completion" : "text_completion"},
+            {"created", shape.created},
+            {"model", model_id_},
+            {"choices", json::array({std::move(choice)})},
+            {"usage", usage(all)}};
+  }
+
+  // A whole (non-streamed) response. The first event settles the status (the prompt is prefilled, or the request
+  // failed); a generation still running then goes on as a chunked body that begins with JSON whitespace, a space
+  // per event or idle second, so that a client that left fails a write and frees its slot as a stream does.
+  void whole_response(httplib::Response& res, std::shared_ptr<lowbit::model::GenerationStream> stream,
+                      const Response& shape) {
+    auto all = std::make_shared<lowbit::model::GenerationEvent>();
+    lowbit::model::GenerationEvent event;
+    while (!stream->next(event, std::chrono::seconds(1))) {
+    }
+    merge(*all, std::move(event));
+    if (all->finish != FinishReason::none) {
+      refuse_failed(*all);
+      res.set_content(dump(whole_body(shape, *all)), "application/json");
+      return;
+    }
+    res.set_chunked_content_provider(
+        "application/json",
+        [this, stream, shape, all](size_t, httplib::DataSink& sink) {
+          lowbit::model::GenerationEvent e;
+          if (stream->next(e, std::chrono::seconds(1))) merge(*all, std::move(e));
+          if (all->finish == FinishReason::none) return sink.write(" ", 1);
+          // The status went out already: a failed generation becomes the error object of the body.
+          const std::string body =
+              all->finish == FinishReason::error       ? dump(error_body(api_error(500, "generation failed: " + all->error)))
+              : all->finish == FinishReason::cancelled ? dump(error_body(api_error(503, "the server is stopping", "server_stopping")))
+                                                       : dump(whole_body(shape, *all));
+          if (!sink.write(body.data(), body.size())) return false;
+          sink.done();
+          return true;
+        },
+        [stream](bool) { stream->cancel(); });
   }
 
   json chunk(const Response& shape, json choice) const {
@@ -605,6 +636,12 @@ void run(const Args& a) {
   const size_t connections = a.max_connections;
   http.new_task_queue = [connections] { return new httplib::ThreadPool(connections); };
   http.set_payload_max_length(a.max_body);
+  // SO_REUSEADDR alone: a restart binds through TIME_WAIT, but a port another server holds fails to bind
+  // (httplib's default, SO_REUSEPORT, would let a second server share it silently).
+  http.set_socket_options([](int sock) {
+    const int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+  });
   http.set_read_timeout(std::chrono::seconds(30));
   server.install(http);
   int port = a.port;

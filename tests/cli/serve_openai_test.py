@@ -276,12 +276,13 @@ class ServeTest(unittest.TestCase):
                     s.recv(4096)
                 except OSError:
                     pass
-        body = json.dumps({"model": "stories260K.bin", "prompt": "Once", "max_tokens": 400, "stream": True}).encode()
-        with socket.create_connection(("127.0.0.1", self.server.port), timeout=10) as s:
-            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + KEY.encode() +
-                      b"\r\nContent-Type: application/json\r\nContent-Length: " + str(len(body)).encode() +
-                      b"\r\n\r\n" + body)
-            self.assertIn(b"200", s.recv(64))
+        for stream in (True, False):  # clients that leave after the status line, streamed and whole
+            body = json.dumps({"model": "stories260K.bin", "prompt": "Once", "max_tokens": 400, "stream": stream})
+            with socket.create_connection(("127.0.0.1", self.server.port), timeout=10) as s:
+                s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + KEY.encode() +
+                          b"\r\nContent-Type: application/json\r\nContent-Length: " + str(len(body)).encode() +
+                          b"\r\n\r\n" + body.encode())
+                self.assertIn(b"200", s.recv(64))
         self.assertEqual(self.server.raw("GET", "/health")[0], 200)
         r = self.chat("Hi", max_tokens=4, temperature=0)
         self.assertTrue(r.choices[0].message.content)
@@ -331,6 +332,13 @@ class ServeTest(unittest.TestCase):
         finishes = [c.choices[0].finish_reason for c in chunks]
         self.assertTrue(all(f is None for f in finishes[:-1]) and finishes[-1], finishes)
         return "".join(c.choices[0].text for c in chunks), finishes[-1]
+
+    def test_port_in_use(self):
+        r = subprocess.run([self.lowbit, "serve", str(self.model_dir / "stories260K.bin"), "--tokenizer",
+                            str(self.model_dir / "tok512.bin"), "--port", str(self.server.port)],
+                           capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertIn(f"cannot listen on 127.0.0.1:{self.server.port}", r.stderr)
 
     def test_zz_sigterm_stops_cleanly(self):
         """Last (unittest runs tests by name): SIGTERM with a stream in flight ends the server with status 0."""
