@@ -15,6 +15,7 @@
 #include <optional>
 #include <pthread.h>
 #include <random>
+#include <set>
 #include <sstream>
 #include <string>
 #include <sys/socket.h>
@@ -28,7 +29,7 @@
 
 namespace {
 
-using json = nlohmann::json;
+using json = nlohmann::ordered_json;  // the same type as jinja::Json; keeps fields in the order written
 using lowbit::model::FinishReason;
 
 struct Args {
@@ -83,10 +84,10 @@ void send_error(httplib::Response& res, const ApiError& e) {
   res.set_content(dump(error_body(e)), "application/json");
 }
 
-// The chat prompt of a conversation. The one place that formats messages: the Jinja interpreter replaces
-// render_chat here when it lands.
-std::string format_chat(const lowbit::model::ChatTemplate& tmpl, const std::vector<lowbit::model::ChatMessage>& messages) {
-  return lowbit::model::render_chat(tmpl, messages, true);
+// The chat prompt of OpenAI-style messages (content parts, tool calls, tool results) and tool definitions (an
+// array, or null), rendered by the model's own Jinja template.
+std::string format_chat(const lowbit::model::ChatTemplate& tmpl, const json& messages, const json& tools) {
+  return lowbit::model::render_chat(tmpl, messages, tools, true);
 }
 
 // Typed field access that names the field in the error.
@@ -138,9 +139,7 @@ class Server {
         max_tokens_limit_(args.max_tokens_limit > 0 ? args.max_tokens_limit : engine.context()) {
     eos_ = tokenizer.eos_ids();
     eos_.insert(eos_.end(), model.config.eos_ids.begin(), model.config.eos_ids.end());
-    chat_stops_ = eos_;
-    for (const char* end_of_turn : {"<|im_end|>", "<|eot_id|>"})
-      if (auto id = tokenizer.token_id(end_of_turn)) chat_stops_.push_back(*id);
+    chat_stops_ = lowbit::model::chat_stop_tokens(model, tokenizer);
     if (model_id_.empty()) model_id_ = args.model;
     std::random_device rd;
     id_prefix_ = fmt::format("{:08x}", rd());
@@ -207,6 +206,7 @@ class Server {
   struct Parsed {
     lowbit::model::GenerationRequest request;
     bool stream = false, include_usage = false, logprobs = false;
+    bool tools = false;  // tool definitions given: replies are parsed for tool calls
   };
 
   Parsed parse(const json& body, Endpoint endpoint) const {
@@ -237,33 +237,30 @@ class Server {
       const json* messages = field(body, "messages");
       if (!messages || !messages->is_array() || messages->empty())
         refuse("'messages' must be a non-empty array", "messages");
-      std::vector<lowbit::model::ChatMessage> conversation;
-      for (const auto& m : *messages) {
-        if (!m.is_object()) refuse("each message must be an object", "messages");
-        const json* role = field(m, "role");
-        if (!role) refuse("each message needs a 'role'", "messages");
-        const std::string role_name = string_field(*role, "role");
-        if (role_name != "system" && role_name != "user" && role_name != "assistant" && role_name != "developer")
-          refuse(fmt::format("message role '{}' is not supported (system, developer, user, assistant)", role_name),
+      json conversation = *messages;
+      for (auto& m : conversation) {
+        const json* role = m.is_object() ? field(m, "role") : nullptr;
+        if (!role || !role->is_string()) refuse("each message must be an object with a string 'role'", "messages");
+        static const std::set<std::string> kRoles = {"system", "developer", "user", "assistant", "tool"};
+        if (!kRoles.contains(role->get<std::string>()))
+          refuse(fmt::format("message role '{}' is not one of system, developer, user, assistant, tool",
+                             role->get<std::string>()),
                  "messages");
+        if (*role == "developer") m["role"] = "system";  // OpenAI's newer name; chat templates know "system"
         const json* content = field(m, "content");
-        std::string text;
-        if (content && content->is_string()) {
-          text = content->get<std::string>();
-        } else if (content && content->is_array()) {  // content parts: only text ones
-          for (const auto& part : *content) {
-            const json* type = part.is_object() ? field(part, "type") : nullptr;
-            const json* t = part.is_object() ? field(part, "text") : nullptr;
-            if (!type || *type != "text" || !t || !t->is_string())
-              refuse("message content parts must be {\"type\": \"text\", \"text\": string}", "messages");
-            text += t->get<std::string>();
-          }
-        } else {
-          refuse("each message needs a string 'content'", "messages");
-        }
-        conversation.push_back({role_name == "developer" ? "system" : role_name, std::move(text)});
+        if (content && !content->is_string() && !content->is_array())
+          refuse("a message's 'content' must be a string, an array of content parts or null", "messages");
+        if (!content && !field(m, "tool_calls"))
+          refuse("a message needs 'content' (or 'tool_calls')", "messages");
       }
-      prompt = format_chat(*chat_template_, conversation);
+      const json* tools = field(body, "tools");
+      if (tools && !tools->is_array()) refuse("'tools' must be an array", "tools");
+      p.tools = tools && !tools->empty();
+      try {
+        prompt = format_chat(*chat_template_, conversation, tools ? *tools : json(nullptr));
+      } catch (const lowbit::Error& e) {  // the template refused the conversation (raise_exception) or failed
+        refuse(fmt::format("the chat template cannot render these messages: {}", e.what()), "messages");
+      }
       r.prompt = tokenizer_.encode(prompt, false, true);
       r.stop_tokens = chat_stops_;
       const int64_t fallback = max_tokens_limit_;
@@ -345,7 +342,7 @@ class Server {
       if (!stream) refuse("the server is busy (its queue is full); retry later", std::nullopt, "server_busy", 503);
       const Response shape{endpoint, fmt::format("{}-{}{}", endpoint == Endpoint::chat ? "chatcmpl" : "cmpl", id_prefix_,
                                                  ++next_id_),
-                           static_cast<int64_t>(std::time(nullptr)), parsed.logprobs};
+                           static_cast<int64_t>(std::time(nullptr)), parsed.logprobs, parsed.tools};
       if (parsed.stream)
         stream_response(res, stream, shape, parsed.include_usage);
       else
@@ -361,7 +358,30 @@ class Server {
     std::string id;
     int64_t created;
     bool logprobs;
+    bool tools;  // parse the reply for tool calls
   };
+
+  // A chat reply as OpenAI's message fields: content, and tool_calls when tools were given and the model wrote
+  // calls in a format the template family defines (parse_tool_calls: Qwen/Hermes <tool_call> JSON).
+  json reply_fields(const Response& shape, const std::string& text, bool streamed) const {
+    if (!shape.tools) return {{"content", text}};
+    auto parsed = lowbit::model::parse_tool_calls(text);
+    if (parsed.tool_calls.empty()) return {{"content", text}};
+    json calls = json::array();
+    for (size_t k = 0; k < parsed.tool_calls.size(); ++k) {
+      json call = {{"id", fmt::format("call_{}_{}", shape.id, k)},
+                   {"type", "function"},
+                   {"function", {{"name", parsed.tool_calls[k].name}, {"arguments", dump(parsed.tool_calls[k].arguments)}}}};
+      if (streamed) call["index"] = k;
+      calls.push_back(std::move(call));
+    }
+    return {{"content", parsed.content.empty() ? json(nullptr) : json(parsed.content)}, {"tool_calls", std::move(calls)}};
+  }
+
+  // "tool_calls" when the reply became tool calls, else the engine's reason.
+  static std::string finish_name(const json& fields, FinishReason reason) {
+    return fields.contains("tool_calls") && reason == FinishReason::stop ? "tool_calls" : finish_reason_name(reason);
+  }
 
   json chat_logprobs(const std::vector<lowbit::model::TokenLogprob>& tokens) const {
     auto entry = [&](int32_t id, float logprob) {
@@ -421,12 +441,18 @@ class Server {
   }
 
   json whole_body(const Response& shape, const lowbit::model::GenerationEvent& all) const {
-    json choice = {{"index", 0}, {"logprobs", logprobs_json(shape, all.tokens, 0)},
-                   {"finish_reason", finish_reason_name(all.finish)}};
-    if (shape.endpoint == Endpoint::chat)
-      choice["message"] = {{"role", "assistant"}, {"content", all.text}};
-    else
+    json choice = {{"index", 0}};
+    if (shape.endpoint == Endpoint::chat) {
+      json message = {{"role", "assistant"}};
+      json fields = reply_fields(shape, all.text, false);
+      choice["finish_reason"] = finish_name(fields, all.finish);
+      message.update(fields);
+      choice["message"] = std::move(message);
+    } else {
       choice["text"] = all.text;
+      choice["finish_reason"] = finish_reason_name(all.finish);
+    }
+    choice["logprobs"] = logprobs_json(shape, all.tokens, 0);
     return {{"id", shape.id},
             {"object", shape.endpoint == Endpoint::chat ? "chat.completion" : "text_completion"},
             {"created", shape.created},
@@ -494,6 +520,7 @@ class Server {
     struct State {
       bool started = false;
       size_t offset = 0;  // completion bytes sent, for text_offset
+      lowbit::model::GenerationEvent held;  // with tools: the reply so far, sent whole once parsed
     };
     auto state = std::make_shared<State>();
     res.set_header("Cache-Control", "no-cache");
@@ -526,7 +553,21 @@ class Server {
           }
           json finish = event.finish == FinishReason::none ? json(nullptr) : json(finish_reason_name(event.finish));
           const bool has_content = !event.text.empty() || (shape.logprobs && !event.tokens.empty());
-          if (has_content || !finish.is_null()) {
+          if (shape.tools) {
+            // Tool calls are parsed from the whole reply: it is held back and sent as one delta at the end (an SSE
+            // comment per event meanwhile notices a client that left).
+            merge(state->held, std::move(event));
+            if (state->held.finish == FinishReason::none) {
+              static constexpr std::string_view kGenerating = ": generating\n\n";
+              return sink.write(kGenerating.data(), kGenerating.size());
+            }
+            event = state->held;
+            const json fields = reply_fields(shape, event.text, true);
+            json choice = {{"index", 0}, {"delta", fields}, {"logprobs", logprobs_json(shape, event.tokens, 0)},
+                           {"finish_reason", nullptr}};
+            if (!send(chunk(shape, std::move(choice)))) return false;
+            if (!send(chunk(shape, delta_choice(shape, "", nullptr, finish_name(fields, event.finish))))) return false;
+          } else if (has_content || !finish.is_null()) {
             json logprobs = logprobs_json(shape, event.tokens, state->offset);
             state->offset += event.text.size();
             if (shape.endpoint == Endpoint::chat && !finish.is_null() && has_content) {
@@ -587,18 +628,11 @@ class Server {
   int64_t started_ = static_cast<int64_t>(std::time(nullptr));
 };
 
-// The chat template: --chat-template FILE (a Jinja template lowbit recognizes), else the model's own; none is
+// The chat template: --chat-template FILE, else the model's own (or a built-in one its tokenizer fits); none is
 // not fatal (only /v1/chat/completions needs one).
 std::optional<lowbit::model::ChatTemplate> load_chat_template(const Args& a, const lowbit::model::Tokenizer& tokenizer) {
   using namespace lowbit;
-  if (a.chat_template) {
-    std::ifstream in(*a.chat_template, std::ios::binary);
-    if (!in) fail(Errc::io, "[serve] --chat-template {}: cannot read", *a.chat_template);
-    const std::string jinja((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    auto tmpl = model::recognize_chat_template(jinja);
-    if (!tmpl) fail(Errc::unsupported, "[serve] --chat-template {}: neither a ChatML nor a Llama-3 template", *a.chat_template);
-    return tmpl;
-  }
+  if (a.chat_template) return model::chat_template_from_file(*a.chat_template, a.model, tokenizer);
   try {
     return model::chat_template_for(a.model, tokenizer);
   } catch (const Error& e) {
@@ -690,7 +724,7 @@ void setup(CLI::App& root) {
       ->capture_default_str();
   cmd->add_option("--api-key", args->api_key, "Require 'Authorization: Bearer KEY' on /v1/*");
   cmd->add_option("--chat-template", args->chat_template,
-                  "Jinja chat template file (ChatML or Llama-3 for now; default: the model's own)");
+                  "Jinja chat template file (default: the model's own)");
   cmd->add_option("--tokenizer", args->tokenizer, "Tokenizer file when not beside the model");
   cmd->add_option("--max-queue", args->max_queue, "Requests waiting for a slot; more get 503")->capture_default_str();
   cmd->add_option("--max-body", args->max_body, "Largest request body in bytes (413 beyond)")

@@ -161,6 +161,14 @@ std::string render_chat(const ChatTemplate& tmpl, const jinja::Json& messages, c
   return tmpl.jinja->render(variables);
 }
 
+std::vector<int32_t> chat_stop_tokens(const Model& model, const Tokenizer& tokenizer) {
+  std::vector<int32_t> stops = tokenizer.eos_ids();
+  stops.insert(stops.end(), model.config.eos_ids.begin(), model.config.eos_ids.end());
+  for (auto end : kEndOfTurnTokens)
+    if (auto id = tokenizer.token_id(end)) stops.push_back(*id);
+  return stops;
+}
+
 ParsedReply parse_tool_calls(std::string_view reply) {
   constexpr std::string_view open = "<tool_call>", close = "</tool_call>";
   ParsedReply parsed;
@@ -228,10 +236,7 @@ GenerateStats ChatSession::reply(const std::string& user_message, int64_t max_to
   stats.prefill_seconds = seconds_since(t0);
   tokens_.insert(tokens_.end(), fresh.begin(), fresh.end());
 
-  std::vector<int32_t> stops = tokenizer_.eos_ids();
-  stops.insert(stops.end(), model_.config.eos_ids.begin(), model_.config.eos_ids.end());
-  for (auto end : kEndOfTurnTokens)
-    if (auto id = tokenizer_.token_id(end)) stops.push_back(*id);
+  const std::vector<int32_t> stops = chat_stop_tokens(model_, tokenizer_);
 
   std::string answer;
   Utf8Stream out(emit);

@@ -27,7 +27,9 @@ import unittest
 OPENAI = "openai==1.109.1"
 SKIP = 77
 KEY = "sk-lowbit-test"
-CHATML = ("{% for m in messages %}{{'<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n'}}"
+# ChatML, refusing one message text the way real templates refuse conversations they cannot render.
+CHATML = ("{% for m in messages %}{% if m['content'] == 'RAISE' %}{{ raise_exception('no RAISE here') }}{% endif %}"
+          "{{'<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n'}}"
           "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
 
 
@@ -227,6 +229,29 @@ class ServeTest(unittest.TestCase):
         self.assertIn("not implemented", e.exception.message)
         with self.assertRaises(o.BadRequestError):
             self.chat("Hi", max_tokens=100000)
+        with self.assertRaises(o.BadRequestError) as e:
+            self.chat("RAISE")
+        self.assertIn("no RAISE here", e.exception.message)
+
+    def test_tools_and_roles(self):
+        tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+            "type": "object", "properties": {"city": {"type": "string"}}}}}]
+        plain = self.chat("Hi", max_tokens=8, temperature=0)
+        # This template ignores tools and stories260K writes no <tool_call>: the reply stays content, whole or streamed.
+        whole = self.chat("Hi", max_tokens=8, temperature=0, tools=tools)
+        self.assertEqual(whole.choices[0].message.content, plain.choices[0].message.content)
+        self.assertIsNone(whole.choices[0].message.tool_calls)
+        chunks = list(self.chat("Hi", max_tokens=8, temperature=0, tools=tools, stream=True))
+        self.assertEqual("".join(c.choices[0].delta.content or "" for c in chunks), plain.choices[0].message.content)
+        self.assertEqual(chunks[-1].choices[0].finish_reason, plain.choices[0].finish_reason)
+        developer = self.client.chat.completions.create(
+            model="stories260K.bin", max_tokens=8, temperature=0,
+            messages=[{"role": "developer", "content": "Be kind."}, {"role": "user", "content": "Hi"}])
+        system = self.client.chat.completions.create(
+            model="stories260K.bin", max_tokens=8, temperature=0,
+            messages=[{"role": "system", "content": "Be kind."}, {"role": "user", "content": "Hi"}])
+        self.assertEqual(developer.usage.prompt_tokens, system.usage.prompt_tokens)
+        self.assertEqual(developer.choices[0].message.content, system.choices[0].message.content)
 
     def test_malformed_requests(self):
         cases = [
@@ -240,6 +265,8 @@ class ServeTest(unittest.TestCase):
              "messages"),
             ("/v1/chat/completions", b'{"model": "stories260K.bin", "messages": [{"role": "user", "content": 7}]}',
              "messages"),
+            ("/v1/chat/completions", b'{"model": "stories260K.bin", "messages": [{"role": "user", "content": "x"}], '
+             b'"tools": {"type": "function"}}', "tools"),
             ("/v1/completions", b'{"model": "stories260K.bin", "prompt": "a", "max_tokens": "5"}', "max_tokens"),
             ("/v1/completions", b'{"model": "stories260K.bin", "prompt": "a", "max_tokens": -1}', "max_tokens"),
             ("/v1/completions", b'{"model": "stories260K.bin", "prompt": "a", "temperature": "hot"}', "temperature"),

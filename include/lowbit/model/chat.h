@@ -62,6 +62,10 @@ std::string render_chat(const ChatTemplate& tmpl, const std::vector<ChatMessage>
 std::string render_chat(const ChatTemplate& tmpl, const jinja::Json& messages, const jinja::Json& tools,
                         bool add_generation_prompt, const jinja::Json& extra = jinja::Json::object());
 
+// The tokens that end a reply: the tokenizer's and the config's end-of-sequence ids and the end-of-turn tokens of
+// the chat formats (<|im_end|>, <|eot_id|>, <end_of_turn>, <|end|>) the vocabulary has.
+std::vector<int32_t> chat_stop_tokens(const Model& model, const Tokenizer& tokenizer);
+
 // A tool call a model wrote in its reply.
 struct ToolCall {
   std::string name;
