@@ -15,6 +15,7 @@ import http.client
 import json
 import os
 import pathlib
+import shutil
 import signal
 import socket
 import subprocess
@@ -41,14 +42,20 @@ def skip(why):
 def import_openai(cache):
     target = pathlib.Path(cache) / ("python-" + OPENAI.replace("==", "-"))
     if not target.is_dir():
-        part = target.with_name(target.name + ".part")
-        subprocess.run(["rm", "-rf", str(part)], check=True)
+        # Installed beside the target and renamed into place, so that two runs at once (release and debug) never
+        # see a half-installed package; the loser of the rename drops its copy.
+        target.parent.mkdir(parents=True, exist_ok=True)
+        part = tempfile.mkdtemp(prefix=target.name + ".part-", dir=target.parent)
         print(f"[serve test] pip install {OPENAI} into {target} (once)", file=sys.stderr)
         r = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                            "--target", str(part), OPENAI], capture_output=True, text=True)
+                            "--target", part, OPENAI], capture_output=True, text=True)
         if r.returncode != 0:
+            shutil.rmtree(part, ignore_errors=True)
             skip(f"pip could not install {OPENAI} (PyPI unreachable?): {r.stderr.strip().splitlines()[-1:]}")
-        part.rename(target)
+        try:
+            os.rename(part, target)
+        except OSError:
+            shutil.rmtree(part, ignore_errors=True)
     sys.path.insert(0, str(target))
     import openai  # noqa: E402
     return openai
