@@ -107,8 +107,7 @@ std::vector<Row> measure(const Args& a) {
       const model::NamedTensor* t = m->find(name);
       return t ? &t->ref : nullptr;
     };
-    const model::ModelDesc desc = model::describe_model(m->config, a.model->string());
-    for (const model::Speed& speed : model::measure_cuda(m->config, desc, lookup, gpu))
+    for (const model::Speed& speed : model::measure_cuda(m->config, m->desc, lookup, gpu))
       rows.push_back({*a.model, "", speed});
     return rows;
   }

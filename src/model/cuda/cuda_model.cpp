@@ -107,7 +107,6 @@ Table upload_embedding(const codec::TensorRef& t, int64_t vocab, int64_t dim) {
   return table;
 }
 
-constexpr size_t kRoles = static_cast<size_t>(Role::count);
 constexpr size_t at(Role r) { return static_cast<size_t>(r); }
 
 kc::NormType norm_type(NormKind k) {
@@ -131,8 +130,8 @@ kc::ActType act_type(Activation a) {
 // (Role::gate_up) and the parts are null.
 struct Layer {
   const LayerDesc* desc = nullptr;
-  std::array<std::unique_ptr<kc::CudaLinear>, kRoles> linears;
-  std::array<kc::DeviceBuffer, kRoles> vectors;
+  std::array<std::unique_ptr<kc::CudaLinear>, kRoleCount> linears;
+  std::array<kc::DeviceBuffer, kRoleCount> vectors;
   kc::DeviceBuffer keys, values;  // [slots, capacity, kv_dim]
 
   const kc::CudaLinear* linear(Role r) const { return linears[at(r)].get(); }
@@ -172,8 +171,9 @@ void check_layer(const LayerDesc& d, const ModelDesc& desc, const ModelConfig& c
   if ((d.has(Role::q_norm) || d.has(Role::k_norm)) && d.norm == NormKind::layer)
     refuse("q/k norms of kind layer (the GPU takes RMS norms of heads)");
   const AttentionSpec& a = d.attention;
-  const bool table_fits = a.rope >= 0 && static_cast<size_t>(a.rope) < desc.rope_inv_freq.size() &&
-                          desc.rope_inv_freq[static_cast<size_t>(a.rope)].size() >= static_cast<size_t>(a.rope_dims / 2);
+  const auto table = static_cast<size_t>(a.rope);
+  const bool table_fits = a.rope >= 0 && table < desc.rope_inv_freq.size() &&
+                          desc.rope_inv_freq[table].size() >= static_cast<size_t>(a.rope_dims / 2);
   if (attention && a.rope_dims > 0 && (a.rope_dims % 2 != 0 || a.rope_dims > c.head_dim || !table_fits))
     refuse(fmt::format("RoPE table {} of {} for {} rotary dimensions of {}", a.rope, desc.rope_inv_freq.size(),
                        a.rope_dims, c.head_dim));
