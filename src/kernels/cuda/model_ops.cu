@@ -180,10 +180,12 @@ __device__ float prepared_element(const QkvArgs& a, const float* src, const floa
   return rotated;
 }
 
-// The attention score of a dot product q.k (QkvArgs: scale, then soft-capping).
+// The attention score of a dot product q.k (QkvArgs: scale, then soft-capping). The attention kernels take
+// kSoftcap as a template parameter, so that layers without soft-capping run no tanh code in their inner loops.
+template <bool kSoftcap>
 __device__ __forceinline__ float attention_score(const QkvArgs& a, float dot) {
   const float s = dot * a.scale;
-  return a.softcap > 0.0f ? a.softcap * tanhf(s / a.softcap) : s;
+  return kSoftcap ? a.softcap * tanhf(s / a.softcap) : s;
 }
 
 // The first position a query at p sees.
@@ -238,7 +240,7 @@ constexpr int64_t kMinSplitPositions = 4 * kPositionsPerSplit;
 // sum l, weighted values acc). The block merges its warps; with several splits it stores (m, l, acc) in the scratch and
 // the block that arrives last at the (row, head) counter merges the splits in split order (deterministic) and resets
 // it.
-template <bool kPrepare>
+template <bool kPrepare, bool kSoftcap>
 __global__ void __launch_bounds__(kAttnWarps * kWarp) decode_attention_kernel(QkvArgs a, KvLayer kv, const int32_t* pos,
                                                                               const int32_t* slot, int max_splits,
                                                                               AttentionScratch scratch, float* out) {
@@ -305,7 +307,7 @@ __global__ void __launch_bounds__(kAttnWarps * kWarp) decode_attention_kernel(Qk
       float dot = 0.0f;
 #pragma unroll
       for (int i = 0; i < kMaxDimsPerLane; ++i) dot += qr[i] * kr[u][i];
-      score[u] = t0 + u < end ? attention_score(a, warp_sum(dot)) : -INFINITY;
+      score[u] = t0 + u < end ? attention_score<kSoftcap>(a, warp_sum(dot)) : -INFINITY;
       m_new = fmaxf(m_new, score[u]);
     }
     const float corr = expf(m - m_new);  // m_new is finite: position t0 < end
@@ -399,6 +401,7 @@ size_t prefill_attention_smem(int hd) {
 // for all of them (each key element read once for every row, float2 loads: head_dim is even), then per row one
 // online-softmax update (running max m, sum l) and the weighted values, lane owning dims lane + 32 i, each staged value
 // read once for every row. At least 3 blocks per multiprocessor (80 registers, no spills; 102 uncapped would allow 2).
+template <bool kSoftcap>
 __global__ void __launch_bounds__(kPrefillWarps * kWarp, 3)
     prefill_attention_kernel(QkvArgs a, KvLayer kv, int32_t slot, int64_t first_pos, int batch, float* out) {
   extern __shared__ float smem[];
@@ -459,7 +462,7 @@ __global__ void __launch_bounds__(kPrefillWarps * kWarp, 3)
     const int64_t t = t0 + lane;
 #pragma unroll
     for (int r = 0; r < kPrefillRowsPerWarp; ++r) {
-      const float score = t <= last[r] && t >= first[r] ? attention_score(a, p[r]) : -INFINITY;
+      const float score = t <= last[r] && t >= first[r] ? attention_score<kSoftcap>(a, p[r]) : -INFINITY;
       const float m_new = fmaxf(m[r], warp_max(score));
       p[r] = score == -INFINITY ? 0.0f : expf(score - m_new);
       const float corr = m[r] == -INFINITY ? 0.0f : expf(m[r] - m_new);
@@ -685,7 +688,9 @@ void launch_decode_attention(const QkvArgs& a, const KvLayer& kv, const int32_t*
                              bool prepare, const AttentionScratch& scratch, float* out, CUstream_st* stream) {
   const int splits = attention_splits(kv.capacity);
   const dim3 grid(static_cast<unsigned>(a.n_heads), static_cast<unsigned>(batch), static_cast<unsigned>(splits));
-  const auto kernel = prepare ? decode_attention_kernel<true> : decode_attention_kernel<false>;
+  const bool softcap = a.softcap > 0.0f;
+  const auto kernel = prepare ? (softcap ? decode_attention_kernel<true, true> : decode_attention_kernel<true, false>)
+                              : (softcap ? decode_attention_kernel<false, true> : decode_attention_kernel<false, false>);
   kernel<<<grid, kAttnWarps * kWarp, 0, stream>>>(a, kv, pos, slot, splits, scratch, out);
 }
 
@@ -694,12 +699,12 @@ void launch_prefill_attention(const QkvArgs& a, const KvLayer& kv, int32_t slot,
   // Above 48 KiB (head_dim > 124) a kernel must opt in to more dynamic shared memory (a host-side call; a
   // failure shows in the caller's check_last_error, as the launch's would).
   const size_t smem = prefill_attention_smem(a.head_dim);
+  const auto kernel = a.softcap > 0.0f ? prefill_attention_kernel<true> : prefill_attention_kernel<false>;
   if (smem > 48 * 1024)
-    cudaFuncSetAttribute(prefill_attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   const dim3 grid(static_cast<unsigned>(a.n_heads),
                   static_cast<unsigned>((batch + kPrefillAttentionRows - 1) / kPrefillAttentionRows));
-  prefill_attention_kernel<<<grid, kPrefillWarps * kWarp, smem, stream>>>(
-      a, kv, slot, first_pos, batch, out);
+  kernel<<<grid, kPrefillWarps * kWarp, smem, stream>>>(a, kv, slot, first_pos, batch, out);
 }
 
 void launch_activation(ActType type, const float* gate, const float* up, const float* up_bias, int64_t stride,
