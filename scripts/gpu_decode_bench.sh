@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Whole-model GPU decode check and benchmark, for one device call: the GPU runtime's tests (tests/cuda
-# CudaModelTest.* and ModelOpsTest.*, stories260K included when LOWBIT_SHARED_DIR points at a copy of ../shared), compute-sanitizer
-# memcheck on them, then `lowbit bench --synthetic llama3-8b`: batch-1 decode at bf16 and trellis3, batches
+# CudaModelTest.* and ModelOpsTest.*, stories260K included when LOWBIT_SHARED_DIR points at a copy of ../shared),
+# compute-sanitizer memcheck on them, then `lowbit bench --synthetic llama3-8b`: batch-1 decode at bf16 and trellis3, batches
 # 1/2/4/8/16 at affine4 and trellis2 (each codec's weights generated and uploaded once). Logs and JSON go to $OUT (default BUILD/gpu-decode).
 # Usage: scripts/gpu_decode_bench.sh [BUILD_DIR]   (BUILD_DIR holds test_cuda and lowbit; env: LOWBIT_DECODE_STEPS)
 set -uo pipefail
