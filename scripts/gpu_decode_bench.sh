@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Whole-model GPU decode check and benchmark, for one device call: the GPU runtime's tests (tests/cuda
-# CudaModelTest.*, stories260K included when LOWBIT_SHARED_DIR points at a copy of ../shared), compute-sanitizer
-# memcheck on them, then `lowbit bench --synthetic llama3-8b`: batch-1 decode at bf16 and trellis3, batches
+# CudaModelTest.* and ModelOpsTest.*, stories260K included when LOWBIT_SHARED_DIR points at a copy of ../shared),
+# compute-sanitizer memcheck on them, then `lowbit bench --synthetic llama3-8b`: batch-1 decode at bf16 and trellis3, batches
 # 1/2/4/8/16 at affine4 and trellis2 (each codec's weights generated and uploaded once). Logs and JSON go to $OUT (default BUILD/gpu-decode).
 # Usage: scripts/gpu_decode_bench.sh [BUILD_DIR]   (BUILD_DIR holds test_cuda and lowbit; env: LOWBIT_DECODE_STEPS)
 set -uo pipefail
@@ -16,11 +16,11 @@ step() {  # step NAME COMMAND...: runs, logs to $out/NAME.log, records failure
   echo "== $name" >&2
   if "$@" >"$out/$name.log" 2>&1; then echo "   ok" >&2; else echo "   FAILED (rc $?)" >&2; tail -30 "$out/$name.log" >&2; status=1; fi
 }
-step model-tests "$build/test_cuda" --gtest_filter='CudaModelTest.*'
+step model-tests "$build/test_cuda" --gtest_filter='CudaModelTest.*:ModelOpsTest.*'
 grep -E "^\[  (PASSED|FAILED|SKIPPED) |OK \]|FAILED \]" "$out/model-tests.log" >&2
 if command -v compute-sanitizer >/dev/null; then
   step model-memcheck compute-sanitizer --tool memcheck --error-exitcode 9 "$build/test_cuda" \
-    --gtest_filter='CudaModelTest.*:-*Stories*'
+    --gtest_filter='CudaModelTest.*:ModelOpsTest.*:-*Stories*'
   grep -hE "ERROR SUMMARY" "$out/model-memcheck.log" >&2
 fi
 step decode-batch1 "$build/lowbit" bench --synthetic llama3-8b --device cuda --codec bf16,trellis3 \

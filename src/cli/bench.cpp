@@ -95,7 +95,7 @@ std::vector<Row> measure(const Args& a) {
       const model::SyntheticModel s = model::synthetic_model(*a.synthetic, codec, 1, a.layers);
       std::fprintf(stderr, "[bench] synthetic %s %s: generated in %.1f s\n", a.synthetic->c_str(), codec.c_str(),
                    seconds_since(t0));
-      for (const model::Speed& speed : model::measure_cuda(s.config, s.lookup, gpu))
+      for (const model::Speed& speed : model::measure_cuda(s.config, s.desc, s.lookup, gpu))
         rows.push_back({*a.synthetic, codec, speed});
     }
     return rows;
@@ -107,7 +107,8 @@ std::vector<Row> measure(const Args& a) {
       const model::NamedTensor* t = m->find(name);
       return t ? &t->ref : nullptr;
     };
-    for (const model::Speed& speed : model::measure_cuda(m->config, lookup, gpu)) rows.push_back({*a.model, "", speed});
+    for (const model::Speed& speed : model::measure_cuda(m->config, m->desc, lookup, gpu))
+      rows.push_back({*a.model, "", speed});
     return rows;
   }
   if (a.device != "cpu") fail(Errc::usage, "[bench] --device {}: expected cpu or cuda", a.device);

@@ -17,7 +17,9 @@ namespace {
 }
 }  // namespace
 
-std::vector<Speed> measure_cuda(const ModelConfig&, const TensorLookup&, const SpeedOptions&) { no_cuda(); }
+std::vector<Speed> measure_cuda(const ModelConfig&, const ModelDesc&, const TensorLookup&, const SpeedOptions&) {
+  no_cuda();
+}
 std::string cuda_device_summary() { no_cuda(); }
 #endif
 

@@ -1,7 +1,6 @@
 // Synthetic Llama-3-8B-shaped weights for GPU decode benchmarks (cuda_model.h): random stored arrays generated
 // directly in each codec's layout, so that no encoder ever runs on 8B weights. Speed does not depend on the
 // values; the arrays are still random (not zeros, which can run faster than real data).
-#include <fmt/format.h>
 
 #include <cstring>
 #include <deque>
@@ -12,6 +11,7 @@
 #include "lowbit/core/error.h"
 #include "lowbit/core/thread_pool.h"
 #include "lowbit/model/cuda_model.h"
+#include "lowbit/model/family.h"
 
 namespace lowbit::model {
 
@@ -95,21 +95,33 @@ SyntheticModel synthetic_model(std::string_view shape, std::string_view codec_na
   const auto [id, params] = codec_of(codec_name);
   const codec::Codec& linear = codec::codec_or_throw(id, "synthetic");
   const codec::Codec& dense = codec::codec_or_throw("dense", "synthetic");
-  const auto ones = [&](int64_t n) { return dense_f32_ref({n}, s->vectors.emplace_back(static_cast<size_t>(n), 1.0f)); };
-
-  s->refs["model.embed_tokens.weight"] = random_tensor(*s, dense, {{"dtype", "bf16"}}, {c.vocab, c.dim}, seed);
-  s->refs["lm_head.weight"] = random_tensor(*s, linear, params, {c.vocab, c.dim}, seed + 100);
-  s->refs["model.norm.weight"] = ones(c.dim);
-  const std::map<std::string, codec::TensorRef> layer = {
-      {"input_layernorm.weight", ones(c.dim)},
-      {"post_attention_layernorm.weight", ones(c.dim)},
-      {"self_attn.qkv_proj.weight", random_tensor(*s, linear, params, {c.q_dim() + 2 * c.kv_dim(), c.dim}, seed + 200)},
-      {"self_attn.o_proj.weight", random_tensor(*s, linear, params, {c.dim, c.q_dim()}, seed + 300)},
-      {"mlp.gate_up_proj.weight", random_tensor(*s, linear, params, {2 * c.hidden_dim, c.dim}, seed + 400)},
-      {"mlp.down_proj.weight", random_tensor(*s, linear, params, {c.dim, c.hidden_dim}, seed + 500)},
+  const auto ones = [&](int64_t n) {
+    return dense_f32_ref({n}, s->vectors.emplace_back(static_cast<size_t>(n), 1.0f));
   };
+
+  s->refs[std::string(kEmbedTensor)] = random_tensor(*s, dense, {{"dtype", "bf16"}}, {c.vocab, c.dim}, seed);
+  s->refs[std::string(kLmHeadTensor)] = random_tensor(*s, linear, params, {c.vocab, c.dim}, seed + 100);
+  s->refs[std::string(kFinalNormTensor)] = ones(c.dim);
+  // The family's layer with q/k/v and gate/up stored fused, as a checkpoint with fused projections describes it.
+  out.desc = describe_model(c, "synthetic llama3-8b");
+  for (LayerDesc& d : out.desc.layers) {
+    std::erase_if(d.tensors, [](const TensorSpec& t) {
+      return t.role == Role::q || t.role == Role::k || t.role == Role::v || t.role == Role::gate || t.role == Role::up;
+    });
+    d.tensors.push_back({Role::qkv, "self_attn.qkv_proj.weight", "attn_qkv.weight", Dim::qkv_dim, Dim::dim});
+    d.tensors.push_back({Role::gate_up, "mlp.gate_up_proj.weight", "ffn_up.weight", Dim::gate_up_dim, Dim::dim});
+  }
+  // One layer's random tensors, viewed by every layer.
+  std::map<Role, codec::TensorRef> layer;
+  uint64_t tensor_seed = seed + 200;
+  for (const TensorSpec& t : out.desc.layers.front().tensors) {
+    const int64_t rows = dim_size(t.rows, c);
+    layer[t.role] = t.linear() ? random_tensor(*s, linear, params, {rows, dim_size(t.cols, c)}, tensor_seed += 100)
+                               : ones(rows);
+  }
   for (int64_t l = 0; l < c.n_layers; ++l)
-    for (const auto& [suffix, ref] : layer) s->refs[fmt::format("model.layers.{}.{}", l, suffix)] = ref;
+    for (const TensorSpec& t : out.desc.layers[static_cast<size_t>(l)].tensors)
+      s->refs[hf_tensor_name(l, t)] = layer.at(t.role);
   out.lookup = [s = s.get()](const std::string& name) -> const codec::TensorRef* {
     const auto it = s->refs.find(name);
     return it == s->refs.end() ? nullptr : &it->second;

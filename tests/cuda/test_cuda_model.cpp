@@ -6,7 +6,9 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <deque>
 #include <filesystem>
+#include <map>
 #include <numeric>
 #include <random>
 
@@ -358,6 +360,198 @@ TEST_F(CudaModelTest, SplitArgmaxMatchesCpuArgmax) {
       EXPECT_EQ(got_tokens, want);
       for (int b = 0; b < kBatch; ++b) EXPECT_EQ(got_pos[b], pos0[b] + run + 1);
     }
+  }
+}
+
+// A tiny model whose description is changed after loading to use the ops no built-in family of this branch has
+// (family.h): the CPU interpreter runs `cpu` with its changed desc, the GPU a CudaModel of `gpu_desc` (the same
+// description, or one with fused projections) over the model's tensors plus `extra`.
+struct DescribedModel {
+  std::unique_ptr<Model> cpu;
+  ModelDesc gpu_desc;
+  std::map<std::string, codec::TensorRef, std::less<>> extra;
+  std::deque<std::vector<float>> storage;
+  std::mt19937_64 rng{77};
+
+  TensorLookup lookup() const {
+    return [this](const std::string& name) -> const codec::TensorRef* {
+      if (const auto it = extra.find(name); it != extra.end()) return &it->second;
+      const NamedTensor* t = cpu->find(name);
+      return t ? &t->ref : nullptr;
+    };
+  }
+
+  // A new tensor extra[name] (and the CPU layer's vector of that role): uniform in offset + [-0.5, 0.5].
+  void add_vector(int64_t layer, Role role, std::string_view name, Dim rows, float offset) {
+    std::uniform_real_distribution<float> u(-0.5f, 0.5f);
+    std::vector<float>& v = storage.emplace_back(static_cast<size_t>(dim_size(rows, cpu->config)));
+    for (float& x : v) x = offset + u(rng);
+    cpu->layers[static_cast<size_t>(layer)].vectors[static_cast<size_t>(role)] = v;
+    cpu->desc.layers[static_cast<size_t>(layer)].tensors.push_back({role, name, name, rows});
+    extra[hf_tensor_name(layer, cpu->desc.layers[static_cast<size_t>(layer)].tensors.back())] =
+        dense_f32_ref({static_cast<int64_t>(v.size())}, v);
+  }
+
+  // The GPU description with q/k/v (gate/up) replaced by one fused tensor of their rows stacked, as a checkpoint
+  // that stores them fused (phi3) describes them; the CPU keeps the parts.
+  void fuse_on_gpu(Role fused, std::initializer_list<Role> parts, std::string_view name, Dim rows) {
+    for (int64_t l = 0; l < cpu->config.n_layers; ++l) {
+      LayerDesc& d = gpu_desc.layers[static_cast<size_t>(l)];
+      std::vector<float>& stacked = storage.emplace_back();
+      for (const Role r : parts) {
+        const std::vector<float> part = codec::decode_all(cpu->find(hf_tensor_name(l, *d.find(r)))->ref);
+        stacked.insert(stacked.end(), part.begin(), part.end());
+      }
+      std::erase_if(d.tensors, [&](const TensorSpec& t) {
+        return std::find(parts.begin(), parts.end(), t.role) != parts.end();
+      });
+      d.tensors.push_back({fused, name, name, rows, Dim::dim});
+      const Shape shape{dim_size(rows, cpu->config), cpu->config.dim};
+      extra[hf_tensor_name(l, d.tensors.back())] = dense_f32_ref(shape, stacked);
+    }
+  }
+};
+
+// Gemma-shaped layers on a qwen3 tiny model (q/k norms): (1 + w) norms everywhere (head norms and the final norm
+// too), post-norms of the attention and MLP outputs (norm h), GeGLU, a scaled embedding, per-layer attention
+// scale, logit soft-capping in attention and on the output, a sliding window of 5 keys on layer 0, a second
+// RoPE table (another base) with partial rotary on layer 1; on the GPU q/k/v and gate/up fused.
+std::unique_ptr<DescribedModel> gemma_like(const ModelConfig& c, uint64_t seed) {
+  auto m = std::make_unique<DescribedModel>();
+  m->cpu = testing::tiny_model(c, seed);
+  ModelDesc& d = m->cpu->desc;
+  d.embed_scale = std::sqrt(static_cast<float>(c.dim));
+  d.final_norm = NormKind::rms_unit_offset;
+  d.final_softcap = 4.0f;
+  const int64_t rope_dims = c.head_dim / 2;
+  std::vector<float> second(static_cast<size_t>(rope_dims / 2));
+  for (size_t i = 0; i < second.size(); ++i)
+    second[i] = std::pow(1e6f, -2.0f * static_cast<float>(i) / static_cast<float>(rope_dims));
+  d.rope_inv_freq.push_back(second);
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    LayerDesc& layer = d.layers[static_cast<size_t>(l)];
+    layer.norm = NormKind::rms_unit_offset;
+    layer.activation = Activation::geglu_tanh;
+    layer.attention.scale = 0.6f / std::sqrt(static_cast<float>(c.head_dim));
+    layer.attention.softcap = 3.0f;
+    layer.attention.window = l == 0 ? 5 : 0;
+    if (l == 1) {
+      layer.attention.rope = 1;
+      layer.attention.rope_dims = rope_dims;
+    }
+    m->add_vector(l, Role::post_attn_norm, "post_attn_gain.weight", Dim::dim, 0.0f);
+    m->add_vector(l, Role::post_ffn_norm, "post_ffn_gain.weight", Dim::dim, 0.0f);
+    layer.ops = {{Op::Kind::norm, Reg::x, Role::attn_norm}, {Op::Kind::attention},
+                 {Op::Kind::norm, Reg::h, Role::post_attn_norm}, {Op::Kind::add},
+                 {Op::Kind::norm, Reg::x, Role::ffn_norm},        {Op::Kind::mlp},
+                 {Op::Kind::norm, Reg::h, Role::post_ffn_norm},  {Op::Kind::add}};
+  }
+  m->gpu_desc = d;
+  m->fuse_on_gpu(Role::qkv, {Role::q, Role::k, Role::v}, "fused_qkv.weight", Dim::qkv_dim);
+  m->fuse_on_gpu(Role::gate_up, {Role::gate, Role::up}, "fused_gate_up.weight", Dim::gate_up_dim);
+  return m;
+}
+
+// A speech-tower-shaped model on a llama tiny model with q/k/v biases: LayerNorms with biases (the final one
+// too), a plain erf-GELU MLP (up with a bias, no gate), o and down biases.
+std::unique_ptr<DescribedModel> layernorm_gelu(ModelConfig c, uint64_t seed) {
+  c.qkv_bias = true;
+  auto m = std::make_unique<DescribedModel>();
+  m->cpu = testing::tiny_model(c, seed);
+  ModelDesc& d = m->cpu->desc;
+  d.final_norm = NormKind::layer;
+  m->storage.emplace_back(static_cast<size_t>(c.dim));
+  for (float& x : m->storage.back()) x = std::uniform_real_distribution<float>(-0.5f, 0.5f)(m->rng);
+  m->cpu->final_norm_bias = m->storage.back();
+  m->extra[std::string(kFinalNormBiasTensor)] = dense_f32_ref({c.dim}, m->storage.back());
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    LayerDesc& layer = d.layers[static_cast<size_t>(l)];
+    layer.norm = NormKind::layer;
+    layer.activation = Activation::gelu_erf;
+    std::erase_if(layer.tensors, [](const TensorSpec& t) { return t.role == Role::gate; });
+    m->add_vector(l, Role::attn_norm_bias, "attn_norm_bias.weight", Dim::dim, 0.0f);
+    m->add_vector(l, Role::ffn_norm_bias, "ffn_norm_bias.weight", Dim::dim, 0.0f);
+    m->add_vector(l, Role::o_bias, "o_bias.weight", Dim::dim, 0.0f);
+    m->add_vector(l, Role::up_bias, "up_bias.weight", Dim::hidden, 0.0f);
+    m->add_vector(l, Role::down_bias, "down_bias.weight", Dim::dim, 0.0f);
+    layer.ops = {{Op::Kind::norm, Reg::x, Role::attn_norm, Role::attn_norm_bias}, {Op::Kind::attention},
+                 {Op::Kind::add},
+                 {Op::Kind::norm, Reg::x, Role::ffn_norm, Role::ffn_norm_bias},   {Op::Kind::mlp},
+                 {Op::Kind::add}};
+  }
+  m->gpu_desc = d;
+  return m;
+}
+
+// Prefill in passes of 7 positions (windows and soft-caps across pass boundaries), then decode steps, against
+// the CPU interpreter; then three sequences decoded side by side from position 0 (batch 3, graph replay equal to
+// eager launches) against each sequence's CPU logits.
+void expect_described_model_matches_cpu(const DescribedModel& m, ThreadPool& pool) {
+  const ModelConfig& c = m.cpu->config;
+  constexpr int64_t kPrompt = 17, kSteps = 4;
+  const auto tokens = random_tokens(kPrompt + kSteps, c.vocab, 5);
+  const std::vector<float> want = run_logits(*m.cpu, tokens, kPrompt, pool);
+  {
+    CudaModel gpu(c, m.gpu_desc, m.lookup(), {.max_batch = 1, .prefill_rows = 7, .capacity = 32});
+    std::vector<float> got(want.size(), std::nanf(""));
+    gpu.prefill(std::span(tokens).first(kPrompt), 0, 0, CudaModel::Logits::all, got.data());
+    for (int64_t i = kPrompt; i < kPrompt + kSteps; ++i) {
+      const std::vector<float> row = step_logits(gpu, std::span(&tokens[i], 1), std::vector{static_cast<int32_t>(i)},
+                                                 std::vector<int32_t>{0});
+      std::copy(row.begin(), row.end(), got.begin() + i * c.vocab);
+    }
+    EXPECT_LT(relative_error(got, want), 1e-4) << "prefill and decode";
+  }
+  constexpr int kBatch = 3, kDecode = 9;  // past layer 0's window of 5
+  std::vector<std::vector<int32_t>> seqs;
+  std::vector<std::vector<float>> expected;
+  for (int b = 0; b < kBatch; ++b) {
+    seqs.push_back(random_tokens(kDecode, c.vocab, 200 + b));
+    expected.push_back(run_logits(*m.cpu, seqs.back(), 1, pool));
+  }
+  CudaModel graph(c, m.gpu_desc, m.lookup(), {.max_batch = kBatch, .capacity = 16, .use_graphs = true});
+  CudaModel eager(c, m.gpu_desc, m.lookup(), {.max_batch = kBatch, .capacity = 16, .use_graphs = false});
+  const std::vector<int32_t> slots{0, 1, 2};
+  for (int s = 0; s < kDecode; ++s) {
+    const std::vector<int32_t> step_tokens{seqs[0][s], seqs[1][s], seqs[2][s]}, pos(kBatch, s);
+    const std::vector<float> g = step_logits(graph, step_tokens, pos, slots);
+    EXPECT_EQ(g, step_logits(eager, step_tokens, pos, slots)) << "step " << s;
+    for (int b = 0; b < kBatch; ++b) {
+      const std::vector<float> row(g.begin() + b * c.vocab, g.begin() + (b + 1) * c.vocab);
+      const std::vector<float> w(expected[b].begin() + s * c.vocab, expected[b].begin() + (s + 1) * c.vocab);
+      EXPECT_LT(relative_error(row, w), 1e-4) << "step " << s << " row " << b;
+    }
+  }
+}
+
+TEST_F(CudaModelTest, GemmaShapedOpsMatchCpuInterpreter) {
+  ModelConfig c = wider_config();
+  c.arch = "qwen3";  // q/k norms, which the (1 + w) kind then covers too
+  const auto m = gemma_like(c, 23);
+  // The capped logits stay inside the cap: the soft-cap ran (the CPU's too).
+  std::vector<float> logits(static_cast<size_t>(c.vocab));
+  KvCache cache(c, 1);
+  forward(*m->cpu, cache, std::vector<int32_t>{3}, 0, logits.data(), false, pool);
+  for (const float v : logits) ASSERT_LE(std::abs(v), 4.0f);
+  expect_described_model_matches_cpu(*m, pool);
+}
+
+TEST_F(CudaModelTest, LayerNormGeluBiasesMatchCpuInterpreter) {
+  expect_described_model_matches_cpu(*layernorm_gelu(wider_config(), 29), pool);
+}
+
+// The load refuses, naming the layer, an op list that reads the branch before writing it.
+TEST_F(CudaModelTest, DescriptionReadingAnUnwrittenRegisterIsRefused) {
+  const ModelConfig c = wider_config();
+  const auto cpu = testing::tiny_model(c, 3);
+  ModelDesc d = cpu->desc;
+  d.layers[0].ops.erase(d.layers[0].ops.begin());  // the attention of h, which no op wrote yet
+  try {
+    CudaModel gpu(c, d, lookup_of(*cpu), {});
+    FAIL() << "expected Errc::unsupported";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::unsupported);
+    EXPECT_NE(std::string(e.what()).find("layer 0"), std::string::npos) << e.what();
   }
 }
 

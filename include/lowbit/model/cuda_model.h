@@ -1,6 +1,7 @@
-// The GPU model runtime (docs/CUDA.md, "Runtime"): every linear of the model prepared once for the GPU, the
-// decode step (embedding, RMSNorm, projections, RoPE, attention over a device KV cache, SwiGLU, LM head)
-// captured in a CUDA graph per batch size and replayed per token. Token ids, positions and KV-cache slots live
+// The GPU model runtime (docs/CUDA.md, "Runtime"): an interpreter of the model description (family.h). Every
+// linear of the model prepared once for the GPU, the decode step (embedding, each layer's ops: norms,
+// projections, RoPE, attention over a device KV cache, MLP activation, residual adds; LM head) captured in a CUDA
+// graph per batch size and replayed per token. Token ids, positions and KV-cache slots live
 // in device memory, so the same graph serves every step. Prefill (CudaModel::prefill) runs a prompt in passes of
 // up to CudaModelOptions::prefill_rows positions of one sequence: every linear through CudaLinear::gemm on the
 // whole pass, the per-row kernels over its rows, a prefill attention kernel, the LM head only where logits are
@@ -21,6 +22,7 @@
 
 #include "lowbit/codec/codec.h"
 #include "lowbit/model/config.h"
+#include "lowbit/model/family.h"
 #include "lowbit/model/model.h"
 
 namespace lowbit::model {
@@ -36,10 +38,10 @@ enum class KvType { f32, f16, bf16 };
 
 // The non-matmul parts of a decode step or prefill pass, as bits (CudaModel::set_skipped_parts).
 enum StepPart : unsigned {
-  kPartNorm = 1,       // embedding gather and the RMSNorms (with the residual adds)
+  kPartNorm = 1,       // embedding gather and the norms (with the residual adds)
   kPartRope = 2,       // bias, q/k norm, RoPE and KV-cache append
-  kPartAttention = 4,
-  kPartSwiglu = 8,
+  kPartAttention = 4,  // the attention kernel (and the o bias)
+  kPartSwiglu = 8,     // the MLP activation (and the down bias)
   kPartsAll = 15,      // every part but the matmuls
 };
 
@@ -55,16 +57,19 @@ struct CudaModelOptions {
   bool use_graphs = true;  // replay a captured CUDA graph per batch size (false: launch every kernel each step)
 };
 
-// Looks up a stored tensor by its Hugging Face name (nullptr when absent). The model asks for the tensors of one
-// layer at a time, in layer order, and prepares them before asking for the next layer's: a source may free
-// earlier layers' storage then. Besides the HF names, a source may offer fused projections
-// "model.layers.N.self_attn.qkv_proj.weight" [q_dim + 2 kv_dim, dim] and "model.layers.N.mlp.gate_up_proj.weight"
-// [2 hidden, dim] (rows of q, k, v and of gate, up stacked), which run as one matmul each.
+// Looks up a stored tensor by its Hugging Face name (nullptr when absent; the names are the description's,
+// hf_tensor_name). The model asks for the tensors of one layer at a time, in layer order, and prepares them before
+// asking for the next layer's: a source may free earlier layers' storage then. A description with Role::qkv or
+// Role::gate_up (a checkpoint that stores them fused) runs them as one matmul each; parts stored apart are
+// stacked into one where their codec allows it.
 using TensorLookup = std::function<const codec::TensorRef*(const std::string& name)>;
 
 class CudaModel {
  public:
-  // Uploads every weight (Errc::unsupported naming the tensor where prepare_cuda has no kernel for its codec).
+  // Uploads every weight of `desc`'s layers (Errc::unsupported naming the tensor where prepare_cuda has no kernel
+  // for its codec, or naming the layer where the description needs what the GPU interpreter lacks).
+  CudaModel(const ModelConfig& config, ModelDesc desc, const TensorLookup& lookup, const CudaModelOptions& options);
+  // The same with the description of config's family (describe_model).
   CudaModel(const ModelConfig& config, const TensorLookup& lookup, const CudaModelOptions& options);
   ~CudaModel();
   CudaModel(const CudaModel&) = delete;
@@ -140,7 +145,8 @@ struct Speed {
   double load_seconds = 0;    // preparing and uploading the weights (CudaModel's constructor), once
 };
 // Errc::usage in a build without CUDA.
-std::vector<Speed> measure_cuda(const ModelConfig& config, const TensorLookup& lookup, const SpeedOptions& options);
+std::vector<Speed> measure_cuda(const ModelConfig& config, const ModelDesc& desc, const TensorLookup& lookup,
+                                const SpeedOptions& options);
 // The GPU's name and size, one line (Errc::usage in a build without CUDA).
 std::string cuda_device_summary();
 
@@ -148,9 +154,10 @@ std::string cuda_device_summary();
 // overrides the depth) with random stored arrays in one codec, generated directly (never encoded): "bf16",
 // "affine4" (4 bits, group 64, bf16 scales), "trellis2", "trellis3" (L 16, 1MAD, no rotation). Every layer
 // views the same random arrays (one layer's worth of host memory); each gets its own device copy. The
-// embedding is dense bf16; q/k/v and gate/up are offered fused.
+// embedding is dense bf16; q/k/v and gate/up are stored fused (the description has Role::qkv and Role::gate_up).
 struct SyntheticModel {
   ModelConfig config;
+  ModelDesc desc;
   TensorLookup lookup;
   std::shared_ptr<const void> storage;
 };

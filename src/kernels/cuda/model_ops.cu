@@ -1,4 +1,4 @@
-// The decode step's kernels besides the matvecs (model_ops.h). Each mirrors a step of the CPU forward pass
+// The decode step's kernels besides the matvecs (model_ops.h). Each mirrors an op of the CPU interpreter
 // (src/model/forward.cpp) in f32; only the order of sums differs, so logits agree to rounding.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -62,54 +62,96 @@ __device__ float block_sum(float v) {
 }
 
 __global__ void embed_gather_kernel(const void* table, ElemType type, int64_t vocab, int64_t dim,
-                                    const int32_t* tokens, float* x) {
+                                    const int32_t* tokens, float scale, float* x) {
   const int b = blockIdx.x;
   const int32_t token = tokens[b];
   const bool valid = token >= 0 && token < vocab;
   for (int64_t j = threadIdx.x; j < dim; j += blockDim.x)
-    x[b * dim + j] = valid ? load_elem(table, type, token * dim + j) : 0.0f;
+    x[b * dim + j] = valid ? load_elem(table, type, token * dim + j) * scale : 0.0f;
 }
 
-// One block per row: optional residual add in place, then out = weight * x / rms(x) (forward.cpp's rmsnorm).
-// Thread t holds float4s t, t + blockDim, ... (kVecs of them) in registers, so the row is read once, and loads
-// its weights, x and delta together (one memory latency before the block sum instead of two).
-template <int kVecs>
-__global__ void __launch_bounds__(1024) rmsnorm_kernel(float* x, const float* delta, const float* weight, float* out,
-                                                       int n4, float eps) {
+__device__ __forceinline__ float4 add4(float4 a, float4 b) { return {a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w}; }
+
+// One block per row: optional residual add in place, then out = norm(x) (kType: forward.cpp's rmsnorm, Gemma's
+// (1 + w) gains, LayerNorm with an optional bias). Thread t holds float4s t, t + blockDim, ... (kVecs of them) in
+// registers, so the row is read once, and loads its weights, x and delta together (one memory latency before the
+// block sum instead of two). LayerNorm takes a second block sum over the registers for the variance.
+template <int kVecs, NormType kType>
+__global__ void __launch_bounds__(1024) norm_kernel(float* x, const float* delta, const float* weight,
+                                                    const float* bias, float* out, int n4, float eps) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * n4;
-  float4 w[kVecs], v[kVecs];
+  float4 w[kVecs], v[kVecs], bs[kVecs];
 #pragma unroll
   for (int r = 0; r < kVecs; ++r) {
     const int j = threadIdx.x + r * blockDim.x;
     w[r] = j < n4 ? reinterpret_cast<const float4*>(weight)[j] : float4{};
+    if (kType == NormType::rms_unit_offset) w[r] = add4(w[r], {1.0f, 1.0f, 1.0f, 1.0f});
+    bs[r] = kType == NormType::layer && bias && j < n4 ? reinterpret_cast<const float4*>(bias)[j] : float4{};
   }
   float4* xr = reinterpret_cast<float4*>(x) + row;
-  float ss = 0.0f;
+  float sum = 0.0f;
 #pragma unroll
   for (int r = 0; r < kVecs; ++r) {
     const int j = threadIdx.x + r * blockDim.x;
     v[r] = j < n4 ? xr[j] : float4{};
-    if (delta && j < n4) {
-      const float4 d = reinterpret_cast<const float4*>(delta)[row + j];
-      v[r] = {v[r].x + d.x, v[r].y + d.y, v[r].z + d.z, v[r].w + d.w};
-    }
-    ss += v[r].x * v[r].x + v[r].y * v[r].y + v[r].z * v[r].z + v[r].w * v[r].w;
+    if (delta && j < n4) v[r] = add4(v[r], reinterpret_cast<const float4*>(delta)[row + j]);
+    sum += kType == NormType::layer ? v[r].x + v[r].y + v[r].z + v[r].w
+                                    : v[r].x * v[r].x + v[r].y * v[r].y + v[r].z * v[r].z + v[r].w * v[r].w;
   }
-  ss = block_sum(ss);
-  const float inv = 1.0f / sqrtf(ss / static_cast<float>(4 * n4) + eps);
+  sum = block_sum(sum);
+  const float n = static_cast<float>(4 * n4);
+  float mean = 0.0f, inv;
+  if (kType == NormType::layer) {
+    mean = sum / n;
+    float ss = 0.0f;
+#pragma unroll
+    for (int r = 0; r < kVecs; ++r) {
+      const int j = threadIdx.x + r * blockDim.x;
+      if (j >= n4) continue;
+      const float a = v[r].x - mean, b = v[r].y - mean, c = v[r].z - mean, d = v[r].w - mean;
+      ss += a * a + b * b + c * c + d * d;
+    }
+    inv = 1.0f / sqrtf(block_sum(ss) / n + eps);
+  } else {
+    inv = 1.0f / sqrtf(sum / n + eps);
+  }
 #pragma unroll
   for (int r = 0; r < kVecs; ++r) {
     const int j = threadIdx.x + r * blockDim.x;
     if (j >= n4) continue;
     if (delta) xr[j] = v[r];
-    reinterpret_cast<float4*>(out)[row + j] = {w[r].x * (inv * v[r].x), w[r].y * (inv * v[r].y),
-                                               w[r].z * (inv * v[r].z), w[r].w * (inv * v[r].w)};
+    float4 o;
+    if (kType == NormType::layer) {
+      o = {(v[r].x - mean) * inv * w[r].x + bs[r].x, (v[r].y - mean) * inv * w[r].y + bs[r].y,
+           (v[r].z - mean) * inv * w[r].z + bs[r].z, (v[r].w - mean) * inv * w[r].w + bs[r].w};
+    } else {
+      o = {w[r].x * (inv * v[r].x), w[r].y * (inv * v[r].y), w[r].z * (inv * v[r].z), w[r].w * (inv * v[r].w)};
+    }
+    reinterpret_cast<float4*>(out)[row + j] = o;
   }
 }
 
-// Thread d's element of head `hh` of a q or k row `src` after bias, per-head RMSNorm and RoPE at position p
-// (forward.cpp's order); threads d >= head_dim get 0. Every thread of the block calls it (block sum, barriers);
-// `head` is head_dim floats of shared memory.
+__global__ void add_kernel(float* x, const float* delta, int64_t total) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    x[i] += delta[i];
+}
+
+__global__ void add_bias_kernel(float* y, const float* bias, int64_t n, int64_t total) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    y[i] += bias[i % n];
+}
+
+__global__ void softcap_kernel(float* x, int64_t total, float cap) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    x[i] = cap * tanhf(x[i] / cap);
+}
+
+// Thread d's element of head `hh` of a q or k row `src` after bias, per-head norm and RoPE at position p
+// (forward.cpp's order; the first rope_dims dimensions rotate, the rest pass); threads d >= head_dim get 0. Every
+// thread of the block calls it (block sum, barriers); `head` is head_dim floats of shared memory.
 __device__ float prepared_element(const QkvArgs& a, const float* src, const float* bias, const float* norm, int hh,
                                   int p, float* head) {
   const int d = threadIdx.x, hd = a.head_dim;
@@ -117,13 +159,14 @@ __device__ float prepared_element(const QkvArgs& a, const float* src, const floa
   float v = active ? src[hh * hd + d] + (bias ? bias[hh * hd + d] : 0.0f) : 0.0f;
   if (norm) {
     const float ss = block_sum(v * v);
-    if (active) v = norm[d] * ((1.0f / sqrtf(ss / static_cast<float>(hd) + a.eps)) * v);
+    const float gain = active ? (a.norm_unit_offset ? 1.0f + norm[d] : norm[d]) : 0.0f;
+    if (active) v = gain * ((1.0f / sqrtf(ss / static_cast<float>(hd) + a.eps)) * v);
   }
   if (active) head[d] = v;
   __syncthreads();
-  float rotated = 0.0f;
-  if (active) {
-    const int half = hd / 2;
+  float rotated = v;
+  if (active && d < a.rope_dims) {
+    const int half = a.rope_dims / 2;
     // RoPE: element d pairs with its partner; `first` is the pair's rotated-by-(c, -s) element.
     const int pair = a.interleaved ? d / 2 : d % half;
     const bool first = a.interleaved ? d % 2 == 0 : d < half;
@@ -135,6 +178,19 @@ __device__ float prepared_element(const QkvArgs& a, const float* src, const floa
   }
   __syncthreads();  // `head` may be reused
   return rotated;
+}
+
+// The attention score of a dot product q.k (QkvArgs: scale, then soft-capping). The attention kernels take
+// kSoftcap as a template parameter, so that layers without soft-capping run no tanh code in their inner loops.
+template <bool kSoftcap>
+__device__ __forceinline__ float attention_score(const QkvArgs& a, float dot) {
+  const float s = dot * a.scale;
+  return kSoftcap ? a.softcap * tanhf(s / a.softcap) : s;
+}
+
+// The first position a query at p sees.
+__device__ __forceinline__ int64_t window_start(const QkvArgs& a, int64_t p) {
+  return a.window > 0 && p - a.window + 1 > 0 ? p - a.window + 1 : 0;
 }
 
 // Thread d's element of kv head `hh`'s value row after bias.
@@ -177,14 +233,14 @@ constexpr int kPositionsPerSplit = kAttnWarps * kAttnUnroll;
 constexpr int64_t kMinSplitPositions = 4 * kPositionsPerSplit;
 
 // Grid (head, row, split), the splits fixed by the cache capacity so that a step's launch shape does not depend
-// on the positions (one graph serves every step). Row b's n = pos[b] + 1 positions take only as many splits as
-// give each at least kMinSplitPositions (a short context thus runs in one block per head with no merge), in
-// equal chunks; the other blocks return at once.
-// Warp w takes kAttnUnroll consecutive positions per round, all their key and value loads in flight at once:
-// dot products by warp-wide sums, then one online-softmax update (running max m, sum l, weighted values acc).
-// The block merges its warps; with several splits it stores (m, l, acc) in the scratch and the block that
-// arrives last at the (row, head) counter merges the splits in split order (deterministic) and resets it.
-template <bool kPrepare>
+// on the positions (one graph serves every step). Row b's n positions (its window's part of 0..pos[b]) take only as
+// many splits as give each at least kMinSplitPositions (a short context thus runs in one block per head with no merge),
+// in equal chunks; the other blocks return at once. Warp w takes kAttnUnroll consecutive positions per round, all their
+// key and value loads in flight at once: dot products by warp-wide sums, then one online-softmax update (running max m,
+// sum l, weighted values acc). The block merges its warps; with several splits it stores (m, l, acc) in the scratch and
+// the block that arrives last at the (row, head) counter merges the splits in split order (deterministic) and resets
+// it.
+template <bool kPrepare, bool kSoftcap>
 __global__ void __launch_bounds__(kAttnWarps * kWarp) decode_attention_kernel(QkvArgs a, KvLayer kv, const int32_t* pos,
                                                                               const int32_t* slot, int max_splits,
                                                                               AttentionScratch scratch, float* out) {
@@ -195,7 +251,7 @@ __global__ void __launch_bounds__(kAttnWarps * kWarp) decode_attention_kernel(Qk
   const int h = blockIdx.x, b = blockIdx.y, split = blockIdx.z;
   const int hd = a.head_dim;
   const int p = pos[b];
-  const int64_t n = p + 1;
+  const int64_t first = window_start(a, p), n = p + 1 - first;
   const int64_t wanted = (n + kMinSplitPositions - 1) / kMinSplitPositions;
   const int used = static_cast<int>(wanted < max_splits ? wanted : max_splits);
   if (split >= used) return;
@@ -203,7 +259,6 @@ __global__ void __launch_bounds__(kAttnWarps * kWarp) decode_attention_kernel(Qk
   const int group = a.n_heads / a.n_kv_heads, kvh = h / group;
   const int64_t kv_dim = static_cast<int64_t>(a.n_kv_heads) * hd;
   const int64_t base = static_cast<int64_t>(slot[b]) * kv.capacity * kv_dim + kvh * hd;
-  const float scale = sqrtf(static_cast<float>(hd));
   if (kPrepare) {  // qkv_prepare_kernel's work for this row's q head and kv head, the new k and v kept in s_k, s_v
     const int d = threadIdx.x;
     const float q = prepared_element(a, a.q + b * a.q_stride, a.q_bias, a.q_norm, h, p, s_q);
@@ -230,8 +285,8 @@ __global__ void __launch_bounds__(kAttnWarps * kWarp) decode_attention_kernel(Qk
   }
   float m = -INFINITY, l = 0.0f;
   const int64_t chunk = (n + used - 1) / used;
-  const int64_t begin = split * chunk;
-  const int64_t end = begin + chunk < n ? begin + chunk : n;
+  const int64_t begin = first + split * chunk;
+  const int64_t end = begin + chunk < p + 1 ? begin + chunk : p + 1;
   for (int64_t t0 = begin + warp * kAttnUnroll; t0 < end; t0 += kAttnWarps * kAttnUnroll) {
     float kr[kAttnUnroll][kMaxDimsPerLane], vr[kAttnUnroll][kMaxDimsPerLane];
 #pragma unroll
@@ -252,7 +307,7 @@ __global__ void __launch_bounds__(kAttnWarps * kWarp) decode_attention_kernel(Qk
       float dot = 0.0f;
 #pragma unroll
       for (int i = 0; i < kMaxDimsPerLane; ++i) dot += qr[i] * kr[u][i];
-      score[u] = t0 + u < end ? warp_sum(dot) / scale : -INFINITY;
+      score[u] = t0 + u < end ? attention_score<kSoftcap>(a, warp_sum(dot)) : -INFINITY;
       m_new = fmaxf(m_new, score[u]);
     }
     const float corr = expf(m - m_new);  // m_new is finite: position t0 < end
@@ -341,11 +396,12 @@ size_t prefill_attention_smem(int hd) {
 }
 
 // Grid (head, row tile), the tiles with the longest contexts first. The block stages its rows' q, then walks the
-// cache positions 0..(its last row's position) in tiles of kKeyTile keys and values, converted to f32 in shared
-// memory. Warp w owns rows w * kPrefillRowsPerWarp..: lane t computes position t's scores for all of them (each
-// key element read once for every row, float2 loads: head_dim is even), then per row one online-softmax update
-// (running max m, sum l) and the weighted values, lane owning dims lane + 32 i, each staged value read once for
-// every row. At least 3 blocks per multiprocessor (80 registers, no spills; 102 uncapped would allow 2).
+// cache positions (its first row's window start)..(its last row's position) in tiles of kKeyTile keys and values,
+// converted to f32 in shared memory. Warp w owns rows w * kPrefillRowsPerWarp..: lane t computes position t's scores
+// for all of them (each key element read once for every row, float2 loads: head_dim is even), then per row one
+// online-softmax update (running max m, sum l) and the weighted values, lane owning dims lane + 32 i, each staged value
+// read once for every row. At least 3 blocks per multiprocessor (80 registers, no spills; 102 uncapped would allow 2).
+template <bool kSoftcap>
 __global__ void __launch_bounds__(kPrefillWarps * kWarp, 3)
     prefill_attention_kernel(QkvArgs a, KvLayer kv, int32_t slot, int64_t first_pos, int batch, float* out) {
   extern __shared__ float smem[];
@@ -360,23 +416,25 @@ __global__ void __launch_bounds__(kPrefillWarps * kWarp, 3)
   const int64_t kv_dim = static_cast<int64_t>(a.n_kv_heads) * hd;
   const int64_t base = static_cast<int64_t>(slot) * kv.capacity * kv_dim + kvh * hd;
   const int64_t end = first_pos + row0 + rows;  // the positions the block's last row attends to
-  const float scale = sqrtf(static_cast<float>(hd));
+  const int64_t start = window_start(a, first_pos + row0);  // the first position the block's first row sees
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   for (int r = warp; r < kPrefillAttentionRows; r += kPrefillWarps)
     for (int d = lane; d < hd; d += kWarp)
       s_q[r * hd + d] = r < rows ? a.q[static_cast<int64_t>(row0 + r) * a.q_stride + h * hd + d] : 0.0f;
   const int my_row0 = warp * kPrefillRowsPerWarp;
-  int64_t last[kPrefillRowsPerWarp];  // the last position row r attends to; -1 for rows past the batch
+  int64_t last[kPrefillRowsPerWarp];   // the last position row r attends to; -1 for rows past the batch
+  int64_t first[kPrefillRowsPerWarp];  // the first one (its window's start)
   float m[kPrefillRowsPerWarp], l[kPrefillRowsPerWarp], acc[kPrefillRowsPerWarp][kMaxDimsPerLane];
 #pragma unroll
   for (int r = 0; r < kPrefillRowsPerWarp; ++r) {
     last[r] = my_row0 + r < rows ? first_pos + row0 + my_row0 + r : -1;
+    first[r] = window_start(a, last[r]);
     m[r] = -INFINITY;
     l[r] = 0.0f;
 #pragma unroll
     for (int i = 0; i < kMaxDimsPerLane; ++i) acc[r][i] = 0.0f;
   }
-  for (int64_t t0 = 0; t0 < end; t0 += kKeyTile) {
+  for (int64_t t0 = start; t0 < end; t0 += kKeyTile) {
     __syncthreads();  // q staged (first round); the previous tile's keys and values read
     for (int t = warp; t < kKeyTile; t += kPrefillWarps) {
       const bool in = t0 + t < end;
@@ -404,7 +462,7 @@ __global__ void __launch_bounds__(kPrefillWarps * kWarp, 3)
     const int64_t t = t0 + lane;
 #pragma unroll
     for (int r = 0; r < kPrefillRowsPerWarp; ++r) {
-      const float score = t <= last[r] ? p[r] / scale : -INFINITY;
+      const float score = t <= last[r] && t >= first[r] ? attention_score<kSoftcap>(a, p[r]) : -INFINITY;
       const float m_new = fmaxf(m[r], warp_max(score));
       p[r] = score == -INFINITY ? 0.0f : expf(score - m_new);
       const float corr = m[r] == -INFINITY ? 0.0f : expf(m[r] - m_new);
@@ -440,13 +498,29 @@ __global__ void __launch_bounds__(kPrefillWarps * kWarp, 3)
   }
 }
 
-__global__ void swiglu_kernel(const float* gate, const float* up, int64_t stride, float* out, int64_t hidden,
-                              int64_t total) {
+__device__ __forceinline__ float silu(float g) { return g * (1.0f / (1.0f + expf(-g))); }
+
+// gelu with the tanh approximation (Gemma's gelu_pytorch_tanh).
+__device__ __forceinline__ float gelu_tanh(float g) {
+  constexpr float kSqrt2OverPi = 0.7978845608028654f;
+  return 0.5f * g * (1.0f + tanhf(kSqrt2OverPi * (g + 0.044715f * g * g * g)));
+}
+
+__device__ __forceinline__ float gelu_erf(float u) { return 0.5f * u * (1.0f + erff(u * 0.7071067811865476f)); }
+
+template <ActType kType>
+__global__ void activation_kernel(const float* gate, const float* up, const float* up_bias, int64_t stride,
+                                  float* out, int64_t hidden, int64_t total) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t b = i / hidden, j = i % hidden;
-    const float g = gate[b * stride + j];
-    out[i] = g * (1.0f / (1.0f + expf(-g))) * up[b * stride + j];
+    const float u = up[b * stride + j] + (up_bias ? up_bias[j] : 0.0f);
+    if (kType == ActType::gelu_erf) {
+      out[i] = gelu_erf(u);
+    } else {
+      const float g = gate[b * stride + j];
+      out[i] = (kType == ActType::swiglu ? silu(g) : gelu_tanh(g)) * u;
+    }
   }
 }
 
@@ -541,6 +615,12 @@ __global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(const float* log
   }
 }
 
+// Blocks of 256 threads for `total` elements of a grid-stride loop, at most 4096.
+unsigned elementwise_blocks(int64_t total) {
+  const int64_t blocks = (total + 255) / 256;
+  return static_cast<unsigned>(blocks < 1 ? 1 : blocks < 4096 ? blocks : 4096);
+}
+
 int block_for(int64_t n) {
   int threads = kWarp;
   while (threads < n && threads < 1024) threads *= 2;
@@ -550,18 +630,46 @@ int block_for(int64_t n) {
 }  // namespace
 
 void launch_embed_gather(const void* table, ElemType type, int64_t vocab, int64_t dim, const int32_t* tokens,
-                         int batch, float* x, CUstream_st* stream) {
+                         float scale, int batch, float* x, CUstream_st* stream) {
   embed_gather_kernel<<<batch, block_for(dim) > 256 ? 256 : block_for(dim), 0, stream>>>(table, type, vocab, dim,
-                                                                                         tokens, x);
+                                                                                         tokens, scale, x);
 }
 
-bool rmsnorm_supports(int64_t n) { return n > 0 && n % 4 == 0 && n <= 4 * 4 * 1024; }
+bool norm_supports(int64_t n) { return n > 0 && n % 4 == 0 && n <= 4 * 4 * 1024; }
 
-void launch_rmsnorm(float* x, const float* delta, const float* weight, float* out, int batch, int64_t n, float eps,
-                    CUstream_st* stream) {
-  const int n4 = static_cast<int>(n / 4), threads = block_for(n4), vecs = (n4 + threads - 1) / threads;
-  const auto kernel = vecs == 1 ? rmsnorm_kernel<1> : vecs == 2 ? rmsnorm_kernel<2> : rmsnorm_kernel<4>;
-  kernel<<<batch, threads, 0, stream>>>(x, delta, weight, out, n4, eps);
+namespace {
+
+template <NormType kType>
+void launch_norm_as(float* x, const float* delta, const float* weight, const float* bias, float* out, int batch,
+                    int n4, float eps, CUstream_st* stream) {
+  const int threads = block_for(n4), vecs = (n4 + threads - 1) / threads;
+  const auto kernel = vecs == 1 ? norm_kernel<1, kType> : vecs == 2 ? norm_kernel<2, kType> : norm_kernel<4, kType>;
+  kernel<<<batch, threads, 0, stream>>>(x, delta, weight, bias, out, n4, eps);
+}
+
+}  // namespace
+
+void launch_norm(NormType type, float* x, const float* delta, const float* weight, const float* bias, float* out,
+                 int batch, int64_t n, float eps, CUstream_st* stream) {
+  const int n4 = static_cast<int>(n / 4);
+  switch (type) {
+    case NormType::rms: return launch_norm_as<NormType::rms>(x, delta, weight, bias, out, batch, n4, eps, stream);
+    case NormType::rms_unit_offset:
+      return launch_norm_as<NormType::rms_unit_offset>(x, delta, weight, bias, out, batch, n4, eps, stream);
+    case NormType::layer: return launch_norm_as<NormType::layer>(x, delta, weight, bias, out, batch, n4, eps, stream);
+  }
+}
+
+void launch_add(float* x, const float* delta, int batch, int64_t n, CUstream_st* stream) {
+  add_kernel<<<elementwise_blocks(batch * n), 256, 0, stream>>>(x, delta, batch * n);
+}
+
+void launch_add_bias(float* y, const float* bias, int batch, int64_t n, CUstream_st* stream) {
+  add_bias_kernel<<<elementwise_blocks(batch * n), 256, 0, stream>>>(y, bias, n, batch * n);
+}
+
+void launch_softcap(float* x, int64_t count, float cap, CUstream_st* stream) {
+  softcap_kernel<<<elementwise_blocks(count), 256, 0, stream>>>(x, count, cap);
 }
 
 void launch_qkv_prepare(const QkvArgs& a, const KvLayer& kv, const int32_t* pos, const int32_t* slot, int batch,
@@ -580,7 +688,9 @@ void launch_decode_attention(const QkvArgs& a, const KvLayer& kv, const int32_t*
                              bool prepare, const AttentionScratch& scratch, float* out, CUstream_st* stream) {
   const int splits = attention_splits(kv.capacity);
   const dim3 grid(static_cast<unsigned>(a.n_heads), static_cast<unsigned>(batch), static_cast<unsigned>(splits));
-  const auto kernel = prepare ? decode_attention_kernel<true> : decode_attention_kernel<false>;
+  const bool softcap = a.softcap > 0.0f;
+  const auto kernel = prepare ? (softcap ? decode_attention_kernel<true, true> : decode_attention_kernel<true, false>)
+                              : (softcap ? decode_attention_kernel<false, true> : decode_attention_kernel<false, false>);
   kernel<<<grid, kAttnWarps * kWarp, 0, stream>>>(a, kv, pos, slot, splits, scratch, out);
 }
 
@@ -589,20 +699,21 @@ void launch_prefill_attention(const QkvArgs& a, const KvLayer& kv, int32_t slot,
   // Above 48 KiB (head_dim > 124) a kernel must opt in to more dynamic shared memory (a host-side call; a
   // failure shows in the caller's check_last_error, as the launch's would).
   const size_t smem = prefill_attention_smem(a.head_dim);
+  const auto kernel = a.softcap > 0.0f ? prefill_attention_kernel<true> : prefill_attention_kernel<false>;
   if (smem > 48 * 1024)
-    cudaFuncSetAttribute(prefill_attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   const dim3 grid(static_cast<unsigned>(a.n_heads),
                   static_cast<unsigned>((batch + kPrefillAttentionRows - 1) / kPrefillAttentionRows));
-  prefill_attention_kernel<<<grid, kPrefillWarps * kWarp, smem, stream>>>(
-      a, kv, slot, first_pos, batch, out);
+  kernel<<<grid, kPrefillWarps * kWarp, smem, stream>>>(a, kv, slot, first_pos, batch, out);
 }
 
-void launch_swiglu(const float* gate, const float* up, int64_t stride, float* out, int batch, int64_t hidden,
-                   CUstream_st* stream) {
+void launch_activation(ActType type, const float* gate, const float* up, const float* up_bias, int64_t stride,
+                       float* out, int batch, int64_t hidden, CUstream_st* stream) {
   const int64_t total = batch * hidden;
-  const int64_t blocks = (total + 255) / 256;
-  swiglu_kernel<<<static_cast<unsigned>(blocks < 4096 ? blocks : 4096), 256, 0, stream>>>(gate, up, stride, out,
-                                                                                          hidden, total);
+  const auto kernel = type == ActType::swiglu       ? activation_kernel<ActType::swiglu>
+                      : type == ActType::geglu_tanh ? activation_kernel<ActType::geglu_tanh>
+                                                    : activation_kernel<ActType::gelu_erf>;
+  kernel<<<elementwise_blocks(total), 256, 0, stream>>>(gate, up, up_bias, stride, out, hidden, total);
 }
 
 int argmax_blocks(int64_t vocab) { return static_cast<int>((vocab + kArgmaxChunk - 1) / kArgmaxChunk); }

@@ -1,6 +1,8 @@
-// Launchers of the elementwise and attention kernels of the GPU decode step and prefill pass (model_ops.cu):
-// embedding gather, RMSNorm, qkv bias + per-head norm + RoPE + KV-cache append, decode and prefill attention,
-// SwiGLU, greedy argmax. Plain C++
+// Launchers of the elementwise and attention kernels of the GPU decode step and prefill pass (model_ops.cu), the
+// ops a model description (include/lowbit/model/family.h) is made of: embedding gather (scaled), the norms (RMS,
+// RMS with (1 + w) gains, LayerNorm) with the residual add fused in, bias adds, qkv bias + per-head norm + RoPE +
+// KV-cache append, decode and prefill attention (scale, soft-capping, sliding window), the MLP activations
+// (SwiGLU, GeGLU, GELU), logit soft-capping, greedy argmax. Plain C++
 // with no lowbit includes, so that nvcc's front end only sees this header. Launches are unchecked and
 // asynchronous on `stream` (capturable in a CUDA graph); callers check with check_last_error().
 //
@@ -19,16 +21,31 @@ namespace lowbit::kernels::cuda {
 // Element type of an embedding table or of the KV cache.
 enum class ElemType : uint8_t { f32, f16, bf16 };
 
-// x [batch, dim] = table [vocab, dim] rows tokens[b] (f32 out whatever the table type); out-of-range ids give 0.
+// x [batch, dim] = table [vocab, dim] rows tokens[b] * scale (f32 out whatever the table type); out-of-range ids
+// give 0.
 void launch_embed_gather(const void* table, ElemType type, int64_t vocab, int64_t dim, const int32_t* tokens,
-                         int batch, float* x, CUstream_st* stream);
+                         float scale, int batch, float* x, CUstream_st* stream);
 
-// Whether launch_rmsnorm takes rows of n elements (a multiple of 4, at most 16384).
-bool rmsnorm_supports(int64_t n);
+// How a norm normalises (family.h's NormKind): rms: w * x / rms(x); rms_unit_offset: (1 + w) * x / rms(x) (Gemma,
+// f32); layer: (x - mean) / sqrt(var + eps) * w + b (f32 statistics, bias optional).
+enum class NormType : uint8_t { rms, rms_unit_offset, layer };
 
-// out [batch, n] = weight * x / rms(x), row by row. With `delta`, first x += delta (the residual add) in place.
-void launch_rmsnorm(float* x, const float* delta, const float* weight, float* out, int batch, int64_t n, float eps,
-                    CUstream_st* stream);
+// Whether launch_norm takes rows of n elements (a multiple of 4, at most 16384).
+bool norm_supports(int64_t n);
+
+// out [batch, n] = norm(x) row by row with gain `weight` (and `bias`, LayerNorm only; may be null). With `delta`,
+// first x += delta (the residual add) in place. out may be x itself (a post-norm of the branch in place).
+void launch_norm(NormType type, float* x, const float* delta, const float* weight, const float* bias, float* out,
+                 int batch, int64_t n, float eps, CUstream_st* stream);
+
+// x [batch, n] += delta [batch, n] (a residual add that no norm follows).
+void launch_add(float* x, const float* delta, int batch, int64_t n, CUstream_st* stream);
+
+// y [batch, n] += bias [n] (the o and down projections' biases).
+void launch_add_bias(float* y, const float* bias, int batch, int64_t n, CUstream_st* stream);
+
+// x [count] = cap * tanh(x / cap) (final-logit soft-capping), cap > 0.
+void launch_softcap(float* x, int64_t count, float cap, CUstream_st* stream);
 
 // The attention inputs of one layer after the q/k/v projections. Rows of q, k and v may be strided (a fused
 // qkv projection writes them side by side).
@@ -40,12 +57,19 @@ struct QkvArgs {
   const float* q_bias = nullptr;  // [n_heads * head_dim] or null (qwen2)
   const float* k_bias = nullptr;
   const float* v_bias = nullptr;
-  const float* q_norm = nullptr;  // [head_dim] or null (qwen3: RMSNorm per head before RoPE)
+  const float* q_norm = nullptr;  // [head_dim] or null: a norm over each head before RoPE
   const float* k_norm = nullptr;
-  const float* inv_freq = nullptr;  // [head_dim / 2]
+  bool norm_unit_offset = false;  // q/k norm gains are (1 + w) (NormType::rms_unit_offset), else w
+  const float* inv_freq = nullptr;  // [rope_dims / 2]
   int n_heads = 0, n_kv_heads = 0, head_dim = 0;
-  bool interleaved = false;  // RoPE pairs (2i, 2i+1) instead of (i, i + head_dim / 2)
+  int rope_dims = 0;  // the first rope_dims dimensions of each head rotate (even, <= head_dim); the rest pass
+  bool interleaved = false;  // RoPE pairs (2i, 2i+1) instead of (i, i + rope_dims / 2)
   float eps = 1e-5f;
+  // Scores are softcap * tanh(q.k * scale / softcap) (softcap 0: q.k * scale); a query at position p sees keys
+  // max(0, p - window + 1) .. p (window 0: 0 .. p).
+  float scale = 1.0f;
+  float softcap = 0.0f;
+  int64_t window = 0;
 };
 
 // The KV cache of one layer: [slots, capacity, n_kv_heads * head_dim] keys and the same for values.
@@ -73,16 +97,17 @@ struct AttentionScratch {
 int attention_splits(int64_t capacity);
 
 // out [batch, n_heads * head_dim]: causal GQA attention of each row's q over cache positions 0..pos[b] of
-// slot[b]; softmax of q.k / sqrt(head_dim) in f32 (online, so any context length). Long contexts split their
-// positions over up to attention_splits(kv.capacity) blocks per (row, head), at least 128 positions each, that
-// merge through `scratch`. Without `prepare`, q is as launch_qkv_prepare left it and the cache holds position
-// pos[b]; with it, the kernel does launch_qkv_prepare's work itself (one launch fewer), which needs every row in
-// a distinct slot: a row then never reads a position that another row of the launch appends.
+// slot[b] (the window's part of them); softmax of the scores (QkvArgs) in f32 (online, so any context length). Long
+// contexts split their positions over up to attention_splits(kv.capacity) blocks per (row, head), at least 128
+// positions each, that merge through `scratch`. Without `prepare`, q is as launch_qkv_prepare left it and the cache
+// holds position pos[b]; with it, the kernel does launch_qkv_prepare's work itself (one launch fewer), which needs
+// every row in a distinct slot: a row then never reads a position that another row of the launch appends.
 void launch_decode_attention(const QkvArgs& a, const KvLayer& kv, const int32_t* pos, const int32_t* slot, int batch,
                              bool prepare, const AttentionScratch& scratch, float* out, CUstream_st* stream);
 
 // Prefill attention: out [batch, n_heads * head_dim] for `batch` rows at the consecutive positions first_pos ..
-// first_pos + batch - 1 of KV slot `slot`, row b attending causally over cache positions 0..first_pos + b. q is as
+// first_pos + batch - 1 of KV slot `slot`, row b attending causally over cache positions 0..first_pos + b (the
+// window's part of them). q is as
 // launch_qkv_prepare left it and the cache already holds every row's key and value. Unlike the decode attention,
 // a block serves kPrefillAttentionRows rows of one head, so each key and value read from the cache serves them
 // all. head_dim <= 256.
@@ -90,9 +115,14 @@ inline constexpr int kPrefillAttentionRows = 32;
 void launch_prefill_attention(const QkvArgs& a, const KvLayer& kv, int32_t slot, int64_t first_pos, int batch,
                               float* out, CUstream_st* stream);
 
-// out [batch, hidden] = silu(gate) * up, gate and up rows strided by `stride`.
-void launch_swiglu(const float* gate, const float* up, int64_t stride, float* out, int batch, int64_t hidden,
-                   CUstream_st* stream);
+// The MLP activation (family.h's Activation): swiglu silu(gate) * up; geglu_tanh gelu_tanh(gate) * up; gelu_erf
+// gelu(up) with no gate (erf GELU).
+enum class ActType : uint8_t { swiglu, geglu_tanh, gelu_erf };
+
+// out [batch, hidden] = act(gate, up + up_bias), gate and up rows strided by `stride` (gate unused by gelu_erf;
+// up_bias [hidden] may be null).
+void launch_activation(ActType type, const float* gate, const float* up, const float* up_bias, int64_t stride,
+                       float* out, int batch, int64_t hidden, CUstream_st* stream);
 
 // Scratch of the argmax's split of a row over argmax_blocks(vocab) blocks: their winners [batch * blocks] and
 // one arrival counter per row, zeroed once at allocation (every launch leaves the counters zero).

@@ -39,7 +39,8 @@ double decode_seconds(CudaModel& gpu, const std::vector<int32_t>& first_tokens, 
 
 std::string cuda_device_summary() { return kernels::cuda::device_summary(); }
 
-std::vector<Speed> measure_cuda(const ModelConfig& config, const TensorLookup& lookup, const SpeedOptions& o) {
+std::vector<Speed> measure_cuda(const ModelConfig& config, const ModelDesc& desc, const TensorLookup& lookup,
+                                const SpeedOptions& o) {
   if (o.batches.empty() || o.prompt < 1 || o.steps < 1) fail(Errc::usage, "[bench] empty batch list or no steps");
   const int max_batch = *std::max_element(o.batches.begin(), o.batches.end());
   CudaModelOptions options{.max_batch = max_batch,
@@ -48,7 +49,7 @@ std::vector<Speed> measure_cuda(const ModelConfig& config, const TensorLookup& l
                            .kv_type = o.kv_type,
                            .use_graphs = o.use_graphs};
   const auto t_load = Clock::now();
-  CudaModel gpu(config, lookup, options);
+  CudaModel gpu(config, desc, lookup, options);
   const double load = seconds_since(t_load);
   std::mt19937_64 rng(o.seed);
   std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(config.vocab - 1));

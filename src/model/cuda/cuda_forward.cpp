@@ -13,7 +13,7 @@ namespace {
 class CudaForward final : public DeviceForward {
  public:
   explicit CudaForward(const Model& model)
-      : gpu_(model.config,
+      : gpu_(model.config, model.desc,
              [&model](const std::string& name) {
                const NamedTensor* t = model.find(name);
                return t ? &t->ref : nullptr;

@@ -1,5 +1,6 @@
-// CudaModel: the decode step and the prefill pass on the GPU (include/lowbit/model/cuda_model.h), step by step as
-// forward.cpp's CPU pass, with the residual add fused into the next RMSNorm. Built only with LOWBIT_CUDA=ON.
+// CudaModel: the decode step and the prefill pass on the GPU (include/lowbit/model/cuda_model.h), an interpreter
+// of the model description (family.h) as forward.cpp is on the CPU: tensors found by role, each layer's ops run
+// over the registers x and h, the residual add fused into the next norm. Built only with LOWBIT_CUDA=ON.
 #include <cuda_runtime.h>
 #include <fmt/format.h>
 
@@ -16,6 +17,7 @@
 #include "lowbit/core/error.h"
 #include "lowbit/kernels/cuda.h"
 #include "lowbit/model/cuda_model.h"
+#include "lowbit/model/family.h"
 #include "model/cuda/stack_rows.h"
 
 namespace lowbit::model {
@@ -26,10 +28,6 @@ namespace {
 
 void check(cudaError_t status, const char* op) {
   if (status != cudaSuccess) fail(Errc::internal, "[cuda_model] {}: {}", op, cudaGetErrorString(status));
-}
-
-std::string layer_name(int64_t layer, std::string_view suffix) {
-  return fmt::format("model.layers.{}.{}", layer, suffix);
 }
 
 const codec::TensorRef& require(const TensorLookup& lookup, const std::string& name, const Shape& shape) {
@@ -50,23 +48,10 @@ std::unique_ptr<kc::CudaLinear> prepare(const codec::TensorRef& t, const std::st
   }
 }
 
-std::unique_ptr<kc::CudaLinear> linear(const TensorLookup& lookup, const std::string& name, int64_t rows,
-                                       int64_t cols) {
-  return prepare(require(lookup, name, {rows, cols}), name);
-}
-
 kc::DeviceBuffer upload_floats(std::span<const float> values) {
   kc::DeviceBuffer b(values.size() * sizeof(float));
   b.upload(values.data(), b.size());
   return b;
-}
-
-kc::DeviceBuffer vector(const TensorLookup& lookup, const std::string& name, int64_t n) {
-  return upload_floats(codec::decode_all(require(lookup, name, {n})));
-}
-
-kc::DeviceBuffer optional_vector(const TensorLookup& lookup, const std::string& name, int64_t n, bool wanted) {
-  return wanted ? vector(lookup, name, n) : kc::DeviceBuffer();
 }
 
 kc::ElemType elem_type(KvType t) {
@@ -122,69 +107,126 @@ Table upload_embedding(const codec::TensorRef& t, int64_t vocab, int64_t dim) {
   return table;
 }
 
+constexpr size_t at(Role r) { return static_cast<size_t>(r); }
+
+kc::NormType norm_type(NormKind k) {
+  switch (k) {
+    case NormKind::rms_unit_offset: return kc::NormType::rms_unit_offset;
+    case NormKind::layer: return kc::NormType::layer;
+    default: return kc::NormType::rms;
+  }
+}
+
+kc::ActType act_type(Activation a) {
+  switch (a) {
+    case Activation::geglu_tanh: return kc::ActType::geglu_tanh;
+    case Activation::gelu_erf: return kc::ActType::gelu_erf;
+    default: return kc::ActType::swiglu;
+  }
+}
+
+// One layer's weights by role (family.h): the linears prepared for the GPU, every vector (norm gains, biases)
+// uploaded as f32. Where q, k and v (gate and up) were stacked into one matmul, it sits under Role::qkv
+// (Role::gate_up) and the parts are null.
 struct Layer {
-  // Either the fused projection (qkv, gate_up) or its parts.
-  std::unique_ptr<kc::CudaLinear> qkv, wq, wk, wv, wo, gate_up, gate, up, down;
-  kc::DeviceBuffer attn_norm, ffn_norm, q_bias, k_bias, v_bias, q_norm, k_norm;
+  const LayerDesc* desc = nullptr;
+  std::array<std::unique_ptr<kc::CudaLinear>, kRoleCount> linears;
+  std::array<kc::DeviceBuffer, kRoleCount> vectors;
   kc::DeviceBuffer keys, values;  // [slots, capacity, kv_dim]
+
+  const kc::CudaLinear* linear(Role r) const { return linears[at(r)].get(); }
+  const float* vector(Role r) const {
+    return r != Role::count && vectors[at(r)].size() ? vectors[at(r)].as<const float>() : nullptr;
+  }
 };
+
+Shape shape_of(const TensorSpec& t, const ModelConfig& c) {
+  return t.linear() ? Shape{dim_size(t.rows, c), dim_size(t.cols, c)} : Shape{dim_size(t.rows, c)};
+}
+
+// Refuses (Errc::unsupported, naming the layer) what the GPU interpreter cannot run: ops that read the branch
+// register h before any op (of this or an earlier layer) wrote it, an attention or MLP without its linears, q/k
+// LayerNorms, RoPE tables and rotary widths outside the description.
+void check_layer(const LayerDesc& d, const ModelDesc& desc, const ModelConfig& c, int64_t l, bool& h_written) {
+  const auto refuse = [&](std::string_view what) {
+    fail(Errc::unsupported, "[cuda_model] layer {}: {}", l, what);
+  };
+  for (const Op& op : d.ops) {
+    const bool reads_h = op.kind != Op::Kind::norm || op.in == Reg::h;
+    if (reads_h && !h_written) refuse("an op reads register h before any op wrote it");
+    if (op.kind == Op::Kind::norm && !d.has(op.weight)) refuse("a norm op without its gain tensor");
+    h_written = true;
+  }
+  const auto runs = [&](Op::Kind kind) {
+    return std::any_of(d.ops.begin(), d.ops.end(), [kind](const Op& o) { return o.kind == kind; });
+  };
+  const bool attention = runs(Op::Kind::attention), mlp = runs(Op::Kind::mlp);
+  const bool qkv = d.has(Role::qkv) || (d.has(Role::q) && d.has(Role::k) && d.has(Role::v));
+  if (attention && (!qkv || !d.has(Role::o)))
+    refuse("attention without its q/k/v (or qkv) and o tensors");
+  const bool gated = d.activation != Activation::gelu_erf;
+  if (mlp && (!d.has(Role::down) || (gated ? !(d.has(Role::gate_up) || (d.has(Role::gate) && d.has(Role::up)))
+                                           : !d.has(Role::up))))
+    refuse("an MLP without its gate/up (or gate_up) and down tensors");
+  if ((d.has(Role::q_norm) || d.has(Role::k_norm)) && d.norm == NormKind::layer)
+    refuse("q/k norms of kind layer (the GPU takes RMS norms of heads)");
+  const AttentionSpec& a = d.attention;
+  const auto table = static_cast<size_t>(a.rope);
+  const bool table_fits = a.rope >= 0 && table < desc.rope_inv_freq.size() &&
+                          desc.rope_inv_freq[table].size() >= static_cast<size_t>(a.rope_dims / 2);
+  if (attention && a.rope_dims > 0 && (a.rope_dims % 2 != 0 || a.rope_dims > c.head_dim || !table_fits))
+    refuse(fmt::format("RoPE table {} of {} for {} rotary dimensions of {}", a.rope, desc.rope_inv_freq.size(),
+                       a.rope_dims, c.head_dim));
+}
 
 // Several projections of the same input as one matmul: the parts' rows stacked where their codec allows it
 // (stack_rows), else null (the caller prepares the parts).
-std::unique_ptr<kc::CudaLinear> stacked(const TensorLookup& lookup,
-                                        const std::vector<std::pair<std::string, int64_t>>& parts, int64_t cols) {
-  std::vector<const codec::TensorRef*> refs;
-  std::string names;
-  for (const auto& [name, rows] : parts) {
-    refs.push_back(&require(lookup, name, {rows, cols}));
-    names += (names.empty() ? "" : "+") + name;
-  }
-  const std::optional<StackedTensor> s = stack_rows(refs);
-  return s ? prepare(s->ref, names) : nullptr;
+std::unique_ptr<kc::CudaLinear> stacked(std::span<const codec::TensorRef* const> parts,
+                                        std::span<const std::string> names) {
+  std::string joined;
+  for (const std::string& name : names) joined += (joined.empty() ? "" : "+") + name;
+  const std::optional<StackedTensor> s = stack_rows(parts);
+  return s ? prepare(s->ref, joined) : nullptr;
 }
 
-Layer load_layer(const TensorLookup& lookup, const ModelConfig& c, int64_t l) {
-  const auto name = [&](std::string_view suffix) { return layer_name(l, suffix); };
+Layer load_layer(const TensorLookup& lookup, const ModelConfig& c, const LayerDesc& d, int64_t l) {
   Layer w;
-  w.attn_norm = vector(lookup, name("input_layernorm.weight"), c.dim);
-  w.ffn_norm = vector(lookup, name("post_attention_layernorm.weight"), c.dim);
-  const bool fused_qkv = lookup(name("self_attn.qkv_proj.weight")) != nullptr;
-  const bool fused_gate_up = lookup(name("mlp.gate_up_proj.weight")) != nullptr;
-  w.qkv = fused_qkv ? linear(lookup, name("self_attn.qkv_proj.weight"), c.q_dim() + 2 * c.kv_dim(), c.dim)
-                    : stacked(lookup,
-                              {{name("self_attn.q_proj.weight"), c.q_dim()},
-                               {name("self_attn.k_proj.weight"), c.kv_dim()},
-                               {name("self_attn.v_proj.weight"), c.kv_dim()}},
-                              c.dim);
-  if (!w.qkv) {
-    w.wq = linear(lookup, name("self_attn.q_proj.weight"), c.q_dim(), c.dim);
-    w.wk = linear(lookup, name("self_attn.k_proj.weight"), c.kv_dim(), c.dim);
-    w.wv = linear(lookup, name("self_attn.v_proj.weight"), c.kv_dim(), c.dim);
+  w.desc = &d;
+  const auto ref = [&](const TensorSpec& t) -> const codec::TensorRef& {
+    return require(lookup, hf_tensor_name(l, t), shape_of(t, c));
+  };
+  // Parts of a projection the checkpoint stores apart, stacked into the fused role where the codec allows it.
+  const auto fuse = [&](Role fused, std::initializer_list<Role> roles) {
+    if (d.has(fused)) return;
+    std::vector<const codec::TensorRef*> parts;
+    std::vector<std::string> names;
+    for (const Role r : roles) {
+      const TensorSpec* t = d.find(r);
+      if (!t) return;
+      parts.push_back(&ref(*t));
+      names.push_back(hf_tensor_name(l, *t));
+    }
+    w.linears[at(fused)] = stacked(parts, names);
+  };
+  fuse(Role::qkv, {Role::q, Role::k, Role::v});
+  if (d.activation != Activation::gelu_erf) fuse(Role::gate_up, {Role::gate, Role::up});
+  for (const TensorSpec& t : d.tensors) {
+    const bool in_stack = ((t.role == Role::q || t.role == Role::k || t.role == Role::v) && w.linear(Role::qkv)) ||
+                          ((t.role == Role::gate || t.role == Role::up) && w.linear(Role::gate_up));
+    if (in_stack) continue;
+    if (t.linear()) {
+      w.linears[at(t.role)] = prepare(ref(t), hf_tensor_name(l, t));
+    } else {
+      w.vectors[at(t.role)] = upload_floats(codec::decode_all(ref(t)));
+    }
   }
-  w.wo = linear(lookup, name("self_attn.o_proj.weight"), c.dim, c.q_dim());
-  w.q_bias = optional_vector(lookup, name("self_attn.q_proj.bias"), c.q_dim(), c.qkv_bias);
-  w.k_bias = optional_vector(lookup, name("self_attn.k_proj.bias"), c.kv_dim(), c.qkv_bias);
-  w.v_bias = optional_vector(lookup, name("self_attn.v_proj.bias"), c.kv_dim(), c.qkv_bias);
-  const bool qk_norm = describe_model(c, "cuda").layers.at(static_cast<size_t>(l)).has(Role::q_norm);
-  w.q_norm = optional_vector(lookup, name("self_attn.q_norm.weight"), c.head_dim, qk_norm);
-  w.k_norm = optional_vector(lookup, name("self_attn.k_norm.weight"), c.head_dim, qk_norm);
-  w.gate_up = fused_gate_up ? linear(lookup, name("mlp.gate_up_proj.weight"), 2 * c.hidden_dim, c.dim)
-                            : stacked(lookup,
-                                      {{name("mlp.gate_proj.weight"), c.hidden_dim},
-                                       {name("mlp.up_proj.weight"), c.hidden_dim}},
-                                      c.dim);
-  if (!w.gate_up) {
-    w.gate = linear(lookup, name("mlp.gate_proj.weight"), c.hidden_dim, c.dim);
-    w.up = linear(lookup, name("mlp.up_proj.weight"), c.hidden_dim, c.dim);
-  }
-  w.down = linear(lookup, name("mlp.down_proj.weight"), c.dim, c.hidden_dim);
   return w;
 }
 
 uint64_t layer_bytes(const Layer& w) {
   uint64_t bytes = 0;
-  for (const auto* p : {&w.qkv, &w.wq, &w.wk, &w.wv, &w.wo, &w.gate_up, &w.gate, &w.up, &w.down})
-    if (*p) bytes += (*p)->weight_bytes();
+  for (const auto& p : w.linears)
+    if (p) bytes += p->weight_bytes();
   return bytes;
 }
 
@@ -197,11 +239,13 @@ const T* as(const kc::DeviceBuffer& b) {
 
 struct CudaModel::Impl {
   ModelConfig c;
+  ModelDesc desc;
   CudaModelOptions o;
-  std::vector<Layer> layers;
+  std::vector<Layer> layers;  // each points at its description in desc.layers
   Table embed;
   std::unique_ptr<kc::CudaLinear> lm_head;
-  kc::DeviceBuffer final_norm, inv_freq;
+  kc::DeviceBuffer final_norm, final_norm_bias;
+  std::vector<kc::DeviceBuffer> rope_tables;  // desc.rope_inv_freq
   // Activations for R = max(max_batch, prefill_rows) rows: x, xb [R, dim]; qkv [R, q_dim + 2 kv_dim]; att
   // [R, q_dim]; proj [R, dim]; gu [R, 2 hidden]; hb [R, hidden]; logits [R, vocab]; per-row tokens, positions,
   // slots, argmax.
@@ -299,7 +343,7 @@ struct CudaModel::Impl {
     kc::QkvArgs a;
     const int64_t qd = c.q_dim(), kd = c.kv_dim();
     float* base = f(qkv);
-    if (w.qkv) {
+    if (w.linear(Role::qkv)) {
       a.q = base;
       a.k = base + qd;
       a.v = base + qd + kd;
@@ -311,17 +355,23 @@ struct CudaModel::Impl {
       a.q_stride = qd;
       a.k_stride = a.v_stride = kd;
     }
-    a.q_bias = as<float>(w.q_bias);
-    a.k_bias = as<float>(w.k_bias);
-    a.v_bias = as<float>(w.v_bias);
-    a.q_norm = as<float>(w.q_norm);
-    a.k_norm = as<float>(w.k_norm);
-    a.inv_freq = as<float>(inv_freq);
+    a.q_bias = w.vector(Role::q_bias);
+    a.k_bias = w.vector(Role::k_bias);
+    a.v_bias = w.vector(Role::v_bias);
+    a.q_norm = w.vector(Role::q_norm);
+    a.k_norm = w.vector(Role::k_norm);
+    a.norm_unit_offset = w.desc->norm == NormKind::rms_unit_offset;
+    const AttentionSpec& spec = w.desc->attention;
+    a.rope_dims = static_cast<int>(spec.rope_dims);  // 0: no rotation
+    a.inv_freq = a.rope_dims > 0 ? f(rope_tables[static_cast<size_t>(spec.rope)]) : nullptr;
     a.n_heads = static_cast<int>(c.n_heads);
     a.n_kv_heads = static_cast<int>(c.n_kv_heads);
     a.head_dim = static_cast<int>(c.head_dim);
-    a.interleaved = c.rope_style == RopeStyle::interleaved;
-    a.eps = c.norm_eps;
+    a.interleaved = desc.rope_style == RopeStyle::interleaved;
+    a.eps = desc.norm_eps;
+    a.scale = spec.scale;
+    a.softcap = spec.softcap;
+    a.window = spec.window;
     return a;
   }
 
@@ -342,15 +392,17 @@ struct CudaModel::Impl {
     }
   }
 
-  void attention(const Layer& w, int64_t rows, const Pass* pass) {
+  // out = attention(in): the q/k/v (or fused) projections, bias + head norms + RoPE + cache append, the attention
+  // kernel, the o projection (and its bias).
+  void attention(const Layer& w, const float* in, float* out, int64_t rows, const Pass* pass) {
     const kc::QkvArgs a = qkv_args(w);
-    if (w.qkv) {
-      project(*w.qkv, f(xb), rows, f(qkv), pass);
+    if (const kc::CudaLinear* fused = w.linear(Role::qkv)) {
+      project(*fused, in, rows, f(qkv), pass);
     } else {
       float* k = f(qkv) + row_capacity * c.q_dim();
-      project(*w.wq, f(xb), rows, f(qkv), pass);
-      project(*w.wk, f(xb), rows, k, pass);
-      project(*w.wv, f(xb), rows, k + row_capacity * c.kv_dim(), pass);
+      project(*w.linear(Role::q), in, rows, f(qkv), pass);
+      project(*w.linear(Role::k), in, rows, k, pass);
+      project(*w.linear(Role::v), in, rows, k + row_capacity * c.kv_dim(), pass);
     }
     const int n = static_cast<int>(rows);
     if (pass) {
@@ -363,45 +415,101 @@ struct CudaModel::Impl {
         kc::launch_decode_attention(a, kv(w), i(pos), i(slot), n, distinct_slots && on(kPartRope),
                                     {f(attention_partials), attention_counters.as<uint32_t>()}, f(att), stream);
     }
-    project(*w.wo, f(att), rows, f(proj), pass);
+    project(*w.linear(Role::o), f(att), rows, out, pass);
+    if (const float* bias = w.vector(Role::o_bias); bias && on(kPartAttention))
+      kc::launch_add_bias(out, bias, n, c.dim, stream);
   }
 
-  void mlp(const Layer& w, int64_t rows, const Pass* pass) {
+  // out = mlp(in): gate and up (fused, stacked or apart; up alone for a plain GELU MLP), the activation, down (and
+  // its bias).
+  void mlp(const Layer& w, const float* in, float* out, int64_t rows, const Pass* pass) {
     const int64_t h = c.hidden_dim;
     const int n = static_cast<int>(rows);
-    if (w.gate_up) {
-      project(*w.gate_up, f(xb), rows, f(gu), pass);
-      if (on(kPartSwiglu)) kc::launch_swiglu(f(gu), f(gu) + h, 2 * h, f(hb), n, h, stream);
+    const kc::ActType act = act_type(w.desc->activation);
+    const float* up_bias = w.vector(Role::up_bias);
+    if (const kc::CudaLinear* fused = w.linear(Role::gate_up)) {
+      project(*fused, in, rows, f(gu), pass);
+      if (on(kPartSwiglu)) kc::launch_activation(act, f(gu), f(gu) + h, up_bias, 2 * h, f(hb), n, h, stream);
+    } else if (act == kc::ActType::gelu_erf) {
+      project(*w.linear(Role::up), in, rows, f(gu), pass);
+      if (on(kPartSwiglu)) kc::launch_activation(act, nullptr, f(gu), up_bias, h, f(hb), n, h, stream);
     } else {
       float* up_out = f(gu) + row_capacity * h;
-      project(*w.gate, f(xb), rows, f(gu), pass);
-      project(*w.up, f(xb), rows, up_out, pass);
-      if (on(kPartSwiglu)) kc::launch_swiglu(f(gu), up_out, h, f(hb), n, h, stream);
+      project(*w.linear(Role::gate), in, rows, f(gu), pass);
+      project(*w.linear(Role::up), in, rows, up_out, pass);
+      if (on(kPartSwiglu)) kc::launch_activation(act, f(gu), up_out, up_bias, h, f(hb), n, h, stream);
     }
-    project(*w.down, f(hb), rows, f(proj), pass);
+    project(*w.linear(Role::down), f(hb), rows, out, pass);
+    if (const float* bias = w.vector(Role::down_bias); bias && on(kPartSwiglu))
+      kc::launch_add_bias(out, bias, n, c.dim, stream);
   }
 
-  // x = embed(tokens); per layer x += attention(norm(x)), x += mlp(norm(x)); logits = lm_head(norm(x)).
+  // Runs every layer's ops (family.h) over the registers x (the residual stream, buffer x) and h (the branch: the
+  // buffer xb or proj, whichever the last op wrote), then the final norm and the LM head. An `add` is held back
+  // and fused into the next norm of x as its residual add (every layer's last add meets the next layer's first
+  // norm, or the final norm); before any other op it runs on its own. A norm of h (a post-norm) runs in place.
   // A decode step (no `pass`) runs the LM head on every row.
   void enqueue(int64_t rows, const Pass* pass) {
-    const float eps = c.norm_eps;
     const int n = static_cast<int>(rows);
-    const auto norm = [&](const float* delta, const kc::DeviceBuffer& weight) {
-      if (on(kPartNorm)) kc::launch_rmsnorm(f(x), delta, f(weight), f(xb), n, c.dim, eps, stream);
-    };
     if (on(kPartNorm))
-      kc::launch_embed_gather(embed.data.data(), embed.type, c.vocab, c.dim, i(tokens), n, f(x), stream);
-    norm(nullptr, layers.front().attn_norm);
-    for (size_t l = 0; l < layers.size(); ++l) {
-      const Layer& w = layers[l];
-      attention(w, rows, pass);
-      norm(f(proj), w.ffn_norm);
-      mlp(w, rows, pass);
-      norm(f(proj), l + 1 < layers.size() ? layers[l + 1].attn_norm : final_norm);
+      kc::launch_embed_gather(embed.data.data(), embed.type, c.vocab, c.dim, i(tokens), desc.embed_scale, n, f(x),
+                              stream);
+    float* h = nullptr;
+    bool add_pending = false;  // x += h, not launched yet
+    const auto flush_add = [&] {
+      if (add_pending && on(kPartNorm)) kc::launch_add(f(x), h, n, c.dim, stream);
+      add_pending = false;
+    };
+    // h = norm(x), after the pending residual add.
+    const auto norm_x = [&](NormKind kind, const float* weight, const float* bias) {
+      if (on(kPartNorm))
+        kc::launch_norm(norm_type(kind), f(x), add_pending ? h : nullptr, weight, bias, f(xb), n, c.dim,
+                        desc.norm_eps, stream);
+      add_pending = false;
+      h = f(xb);
+    };
+    const auto other = [&](const float* p) { return p == f(xb) ? f(proj) : f(xb); };
+    for (const Layer& w : layers) {
+      const NormKind kind = w.desc->norm;
+      for (const Op& op : w.desc->ops) {
+        switch (op.kind) {
+          case Op::Kind::norm:
+            if (op.in == Reg::x) {
+              norm_x(kind, w.vector(op.weight), w.vector(op.bias));
+            } else {
+              flush_add();
+              if (on(kPartNorm))
+                kc::launch_norm(norm_type(kind), h, nullptr, w.vector(op.weight), w.vector(op.bias), h, n, c.dim,
+                                desc.norm_eps, stream);
+            }
+            break;
+          case Op::Kind::attention: {
+            flush_add();
+            float* out = other(h);
+            attention(w, h, out, rows, pass);
+            h = out;
+            break;
+          }
+          case Op::Kind::mlp: {
+            flush_add();
+            float* out = other(h);
+            mlp(w, h, out, rows, pass);
+            h = out;
+            break;
+          }
+          case Op::Kind::add:
+            flush_add();
+            add_pending = true;
+            break;
+        }
+      }
     }
+    norm_x(desc.final_norm, f(final_norm), as<float>(final_norm_bias));
     const Logits head = pass ? pass->head : Logits::all;
     if (head == Logits::all) project(*lm_head, f(xb), rows, f(logits), pass);
     if (head == Logits::last) lm_head->matmul(f(xb) + (rows - 1) * c.dim, 1, f(logits), stream);
+    if (head != Logits::none && desc.final_softcap > 0.0f)
+      kc::launch_softcap(f(logits), (head == Logits::all ? rows : 1) * c.vocab, desc.final_softcap, stream);
     kc::check_last_error("cuda_model step");
   }
 
@@ -454,9 +562,14 @@ struct CudaModel::Impl {
 };
 
 CudaModel::CudaModel(const ModelConfig& config, const TensorLookup& lookup, const CudaModelOptions& options)
+    : CudaModel(config, describe_model(config, "[cuda_model]"), lookup, options) {}
+
+CudaModel::CudaModel(const ModelConfig& config, ModelDesc desc, const TensorLookup& lookup,
+                     const CudaModelOptions& options)
     : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
   m.c = config;
+  m.desc = std::move(desc);
   m.o = options;
   if (m.o.slots == 0) m.o.slots = options.max_batch;
   const ModelConfig& c = config;
@@ -468,18 +581,25 @@ CudaModel::CudaModel(const ModelConfig& config, const TensorLookup& lookup, cons
   m.row_capacity = std::max<int64_t>(m.o.max_batch, m.o.prefill_rows);
   if (c.head_dim > 256 || c.head_dim % 2 != 0)
     fail(Errc::unsupported, "[cuda_model] head_dim {} (the GPU attention takes even head_dim <= 256)", c.head_dim);
-  if (!kc::rmsnorm_supports(c.dim))
-    fail(Errc::unsupported, "[cuda_model] dim {} (the GPU RMSNorm takes multiples of 4 up to 16384)", c.dim);
+  if (!kc::norm_supports(c.dim))
+    fail(Errc::unsupported, "[cuda_model] dim {} (the GPU norms take multiples of 4 up to 16384)", c.dim);
+  if (std::ssize(m.desc.layers) != c.n_layers)
+    fail(Errc::internal, "[cuda_model] {} layer descriptions for {} layers", m.desc.layers.size(), c.n_layers);
+  bool h_written = false;
+  for (int64_t l = 0; l < c.n_layers; ++l) check_layer(m.desc.layers[static_cast<size_t>(l)], m.desc, c, l, h_written);
   std::string why;
   if (!kc::device_available(&why)) fail(Errc::unsupported, "[cuda_model] no usable CUDA device: {}", why);
   check(cudaStreamCreateWithFlags(&m.stream, cudaStreamNonBlocking), "stream");
-  m.embed = upload_embedding(require(lookup, "model.embed_tokens.weight", {c.vocab, c.dim}), c.vocab, c.dim);
-  m.lm_head = c.tied_embeddings ? prepare(require(lookup, "model.embed_tokens.weight", {c.vocab, c.dim}),
-                                          "model.embed_tokens.weight")
-                                : linear(lookup, "lm_head.weight", c.vocab, c.dim);
-  m.final_norm = vector(lookup, "model.norm.weight", c.dim);
-  for (int64_t l = 0; l < c.n_layers; ++l) m.layers.push_back(load_layer(lookup, c, l));
-  m.inv_freq = upload_floats(rope_inv_freq(c));
+  const std::string embed_name(kEmbedTensor), head_name(c.tied_embeddings ? kEmbedTensor : kLmHeadTensor);
+  m.embed = upload_embedding(require(lookup, embed_name, {c.vocab, c.dim}), c.vocab, c.dim);
+  m.lm_head = prepare(require(lookup, head_name, {c.vocab, c.dim}), head_name);
+  m.final_norm = upload_floats(codec::decode_all(require(lookup, std::string(kFinalNormTensor), {c.dim})));
+  const std::string final_bias_name(kFinalNormBiasTensor);
+  if (m.desc.final_norm == NormKind::layer && lookup(final_bias_name))
+    m.final_norm_bias = upload_floats(codec::decode_all(require(lookup, final_bias_name, {c.dim})));
+  for (int64_t l = 0; l < c.n_layers; ++l)
+    m.layers.push_back(load_layer(lookup, c, m.desc.layers[static_cast<size_t>(l)], l));
+  for (const std::vector<float>& table : m.desc.rope_inv_freq) m.rope_tables.push_back(upload_floats(table));
   m.bytes = m.lm_head->weight_bytes();
   for (const Layer& w : m.layers) m.bytes += layer_bytes(w);
   m.allocate_activations();
