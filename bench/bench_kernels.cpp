@@ -17,8 +17,8 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cpu/block_kernels.h"
-#include "kernels/cpu/simd.h"
+#include "block_kernels.h"
+#include "simd.h"
 #include "lowbit/codec/codec.h"
 #include "lowbit/core/thread_pool.h"
 #include "lowbit/kernels/cpu.h"

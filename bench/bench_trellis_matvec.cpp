@@ -6,7 +6,7 @@
 #include <random>
 #include <vector>
 
-#include "kernels/cpu/simd.h"
+#include "simd.h"
 #include "lowbit/codec/codec.h"
 #include "lowbit/codec/trellis.h"
 #include "lowbit/core/thread_pool.h"

@@ -37,8 +37,10 @@ endfunction()
 file(GLOB LOWBIT_CUDA_SOURCES CONFIGURE_DEPENDS
   ${CMAKE_SOURCE_DIR}/src/kernels/cuda/*.cu ${CMAKE_SOURCE_DIR}/src/kernels/cuda/*.cpp)
 add_library(lowbit_kernels_cuda STATIC ${LOWBIT_CUDA_SOURCES})
-target_include_directories(lowbit_kernels_cuda PUBLIC ${CMAKE_SOURCE_DIR}/include PRIVATE ${CMAKE_SOURCE_DIR}/src)
+target_include_directories(lowbit_kernels_cuda
+  PUBLIC ${CMAKE_SOURCE_DIR}/include PRIVATE ${CMAKE_SOURCE_DIR}/src/kernels/cuda)
 target_link_libraries(lowbit_kernels_cuda PUBLIC lowbit_codec CUDA::cudart_static)
+add_dependencies(lowbit_kernels_cuda lowbit_layering)
 lowbit_cuda_target(lowbit_kernels_cuda)
 
 # The GPU model runtime (src/model/cuda/*.cpp) joins lowbit_model, and src/model/cuda_device.cpp then offers
@@ -59,7 +61,7 @@ if(LOWBIT_TESTS)
     target_link_libraries(test_cuda PRIVATE lowbit_kernels_cuda GTest::gtest GTest::gtest_main)
     # the GPU runtime's tests against the CPU forward, on models lowbit_quant's presets wrote too
     target_link_libraries(test_cuda PRIVATE lowbit_model lowbit_quant)
-    target_include_directories(test_cuda PRIVATE ${CMAKE_SOURCE_DIR}/src ${CMAKE_SOURCE_DIR}/tests)
+    target_include_directories(test_cuda PRIVATE ${CMAKE_SOURCE_DIR}/src/kernels/cuda ${CMAKE_SOURCE_DIR}/tests)
     target_compile_definitions(test_cuda PRIVATE
       LOWBIT_SOURCE_DIR="${CMAKE_SOURCE_DIR}" LOWBIT_SHARED_DIR="${CMAKE_SOURCE_DIR}/../shared")
     lowbit_cuda_target(test_cuda)
@@ -73,7 +75,7 @@ if(LOWBIT_BENCH)
   if(LOWBIT_CUDA_BENCH)
     add_executable(bench_cuda ${LOWBIT_CUDA_BENCH})
     target_link_libraries(bench_cuda PRIVATE lowbit_kernels_cuda CUDA::cublas)
-    target_include_directories(bench_cuda PRIVATE ${CMAKE_SOURCE_DIR}/src ${CMAKE_SOURCE_DIR}/tests)
+    target_include_directories(bench_cuda PRIVATE ${CMAKE_SOURCE_DIR}/tests)
     lowbit_cuda_target(bench_cuda)
   endif()
 endif()

@@ -8,7 +8,7 @@
 #include <string>
 #include <unistd.h>
 
-#include "cli/command.h"
+#include "command.h"
 #include "lowbit/core/error.h"
 #include "lowbit/core/thread_pool.h"
 #include "lowbit/model/chat.h"

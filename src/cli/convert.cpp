@@ -2,7 +2,7 @@
 #include <cstdio>
 #include <string>
 
-#include "cli/command.h"
+#include "command.h"
 #include "lowbit/model/hf.h"
 
 namespace {

@@ -7,7 +7,7 @@
 #include <random>
 #include <string>
 
-#include "cli/command.h"
+#include "command.h"
 #include "lowbit/artifact/writer.h"
 #include "lowbit/codec/codec.h"
 

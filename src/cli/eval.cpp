@@ -6,7 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "cli/command.h"
+#include "command.h"
 #include "lowbit/core/error.h"
 #include "lowbit/core/mapped_file.h"
 #include "lowbit/core/progress.h"

@@ -4,7 +4,7 @@
 
 #include <string>
 
-#include "cli/command.h"
+#include "command.h"
 #include "lowbit/artifact/audio8_bundle.h"
 #include "lowbit/artifact/reader.h"
 

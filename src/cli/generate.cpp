@@ -4,7 +4,7 @@
 #include <random>
 #include <string>
 
-#include "cli/command.h"
+#include "command.h"
 #include "lowbit/core/thread_pool.h"
 #include "lowbit/model/cuda_model.h"
 #include "lowbit/model/generate.h"

@@ -4,7 +4,7 @@
 
 #include <string>
 
-#include "cli/command.h"
+#include "command.h"
 #include "lowbit/artifact/foreign.h"
 #include "lowbit/artifact/writer.h"
 #include "lowbit/core/error.h"

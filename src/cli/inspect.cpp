@@ -5,7 +5,7 @@
 #include <cstdio>
 #include <string>
 
-#include "cli/command.h"
+#include "command.h"
 #include "lowbit/artifact/foreign.h"
 #include "lowbit/artifact/reader.h"
 #include "lowbit/core/checked.h"

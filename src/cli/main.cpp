@@ -4,7 +4,7 @@
 #include <cstdio>
 #include <exception>
 
-#include "cli/command.h"
+#include "command.h"
 #include "lowbit/core/error.h"
 
 namespace lowbit::cli {

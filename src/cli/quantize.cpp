@@ -5,7 +5,7 @@
 #include <optional>
 #include <string>
 
-#include "cli/command.h"
+#include "command.h"
 #include "lowbit/core/error.h"
 #include "lowbit/core/progress.h"
 #include "lowbit/core/thread_pool.h"

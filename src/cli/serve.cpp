@@ -21,7 +21,7 @@
 #include <sys/socket.h>
 #include <thread>
 
-#include "cli/command.h"
+#include "command.h"
 #include "lowbit/core/error.h"
 #include "lowbit/core/thread_pool.h"
 #include "lowbit/model/chat.h"

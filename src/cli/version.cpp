@@ -1,7 +1,7 @@
 // lowbit version: the tool version and the codecs it knows.
 #include <cstdio>
 
-#include "cli/command.h"
+#include "command.h"
 #include "lowbit/codec/codec.h"
 
 namespace {

@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "lowbit/core/error.h"
-#include "model/cuda/stack_rows.h"
+#include "cuda/stack_rows.h"
 
 namespace lowbit::model {
 

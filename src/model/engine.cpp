@@ -7,7 +7,7 @@
 #include "lowbit/core/error.h"
 #include "lowbit/core/thread_pool.h"
 #include "lowbit/model/tokenizer.h"
-#include "model/engine_backend.h"
+#include "engine_backend.h"
 
 namespace lowbit::model {
 

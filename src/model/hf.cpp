@@ -8,7 +8,7 @@
 #include "lowbit/io/json.h"
 #include "lowbit/io/safetensors.h"
 #include "lowbit/model/family.h"
-#include "model/json_fields.h"
+#include "json_fields.h"
 
 namespace lowbit::model {
 

@@ -1,4 +1,4 @@
-#include "model/json_fields.h"
+#include "json_fields.h"
 
 #include <limits>
 

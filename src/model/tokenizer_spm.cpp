@@ -6,7 +6,7 @@
 
 #include "lowbit/core/error.h"
 #include "lowbit/model/tokenizers.h"
-#include "model/tokenizer_util.h"
+#include "tokenizer_util.h"
 
 namespace lowbit::model {
 namespace {

@@ -1,4 +1,4 @@
-#include "model/tokenizer_util.h"
+#include "tokenizer_util.h"
 
 #include <algorithm>
 

@@ -7,7 +7,7 @@
 #include "lowbit/core/error.h"
 #include "lowbit/core/thread_pool.h"
 #include "lowbit/quant/allocate.h"
-#include "quant/linalg.h"
+#include "linalg.h"
 
 namespace lowbit::quant {
 

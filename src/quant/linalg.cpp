@@ -1,4 +1,4 @@
-#include "quant/linalg.h"
+#include "linalg.h"
 
 #include <algorithm>
 #include <cmath>

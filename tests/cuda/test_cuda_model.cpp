@@ -15,7 +15,7 @@
 #include "lowbit/core/error.h"
 #include "lowbit/core/thread_pool.h"
 #include "lowbit/kernels/cuda.h"
-#include "kernels/cuda/model_ops.h"
+#include "lowbit/kernels/cuda_model_ops.h"
 #include "lowbit/model/cuda_model.h"
 #include "lowbit/model/sampler.h"
 #include "model/tiny_model.h"

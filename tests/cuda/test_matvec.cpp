@@ -11,7 +11,7 @@
 
 #include "lowbit/codec/codec.h"
 #include "lowbit/core/error.h"
-#include "kernels/cuda/prepare.h"
+#include "prepare.h"
 #include "lowbit/kernels/cuda.h"
 #include "cuda/random_tensor.h"
 

@@ -11,7 +11,7 @@
 #include <random>
 #include <vector>
 
-#include "kernels/cuda/model_ops.h"
+#include "lowbit/kernels/cuda_model_ops.h"
 #include "lowbit/kernels/cuda.h"
 
 namespace lowbit::kernels::cuda {

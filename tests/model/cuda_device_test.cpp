@@ -13,7 +13,7 @@
 
 #include "lowbit/core/error.h"
 #include "lowbit/model/cuda_model.h"
-#include "model/cuda/stack_rows.h"
+#include "cuda/stack_rows.h"
 #include "model/tiny_model.h"
 
 namespace lowbit::model {

@@ -1,11 +1,11 @@
 // Affine weights (w = scale q + bias per group) prepared into the row-block layout, one block of rows at a
 // time in parallel; the stored arrays are read once here and never again (the records replace them).
-#include "kernels/cpu/affine_kernels.h"
+#include "affine_kernels.h"
 
 #include <algorithm>
 #include <vector>
 
-#include "kernels/cpu/block_kernels.h"
+#include "block_kernels.h"
 #include "lowbit/codec/affine.h"
 #include "lowbit/core/thread_pool.h"
 

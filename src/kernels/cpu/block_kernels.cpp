@@ -5,7 +5,7 @@
 #define HWY_WANT_AVX3_DL
 #endif
 #undef HWY_TARGET_INCLUDE
-#define HWY_TARGET_INCLUDE "kernels/cpu/block_kernels.cpp"
+#define HWY_TARGET_INCLUDE "block_kernels.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
 
@@ -15,7 +15,7 @@
 #include <limits>
 #include <utility>
 
-#include "kernels/cpu/block_kernels.h"
+#include "block_kernels.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace lowbit::kernels::block_simd {

@@ -1,10 +1,10 @@
 // Dense weights (bf16 / f16 / f32): batch-1 rows converted in registers and dotted with SIMD (simd.h); the
 // batched path converts a tile of rows once into scratch and reuses it across the activations.
-#include "kernels/cpu/dense_kernels.h"
+#include "dense_kernels.h"
 
 #include <algorithm>
 
-#include "kernels/cpu/simd.h"
+#include "simd.h"
 #include "lowbit/core/thread_pool.h"
 
 namespace lowbit::kernels {

@@ -1,9 +1,9 @@
-#include "kernels/cpu/offset_scale_kernels.h"
+#include "offset_scale_kernels.h"
 
 #include <algorithm>
 #include <vector>
 
-#include "kernels/cpu/block_kernels.h"
+#include "block_kernels.h"
 #include "lowbit/codec/offset_scale.h"
 #include "lowbit/core/thread_pool.h"
 

@@ -1,11 +1,11 @@
 // The CPU kernel table, keyed by codec id. Adding a codec: one row here next to its row in the codec registry.
 #include <array>
 
-#include "kernels/cpu/affine_kernels.h"
-#include "kernels/cpu/dense_kernels.h"
-#include "kernels/cpu/offset_scale_kernels.h"
-#include "kernels/cpu/trellis_kernels.h"
-#include "kernels/cpu/two_plane_kernels.h"
+#include "affine_kernels.h"
+#include "dense_kernels.h"
+#include "offset_scale_kernels.h"
+#include "trellis_kernels.h"
+#include "two_plane_kernels.h"
 #include "lowbit/core/error.h"
 #include "lowbit/kernels/cpu.h"
 

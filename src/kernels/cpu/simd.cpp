@@ -1,11 +1,11 @@
 // Highway re-includes this file once per target (foreach_target.h); the code between HWY_BEFORE_NAMESPACE and
 // HWY_AFTER_NAMESPACE is compiled for each, the HWY_ONCE part once.
 #undef HWY_TARGET_INCLUDE
-#define HWY_TARGET_INCLUDE "kernels/cpu/simd.cpp"
+#define HWY_TARGET_INCLUDE "simd.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
 
-#include "kernels/cpu/simd.h"
+#include "simd.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace lowbit::kernels::simd {

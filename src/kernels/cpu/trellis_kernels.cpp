@@ -1,11 +1,11 @@
-#include "kernels/cpu/trellis_kernels.h"
+#include "trellis_kernels.h"
 
 #include <algorithm>
 #include <cstring>
 #include <optional>
 #include <vector>
 
-#include "kernels/cpu/simd.h"
+#include "simd.h"
 #include "lowbit/codec/hadamard.h"
 #include "lowbit/codec/trellis.h"
 #include "lowbit/core/thread_pool.h"

@@ -1,10 +1,10 @@
-#include "kernels/cpu/two_plane_kernels.h"
+#include "two_plane_kernels.h"
 
 #include <algorithm>
 #include <cstring>
 #include <vector>
 
-#include "kernels/cpu/block_kernels.h"
+#include "block_kernels.h"
 #include "lowbit/codec/two_plane.h"
 #include "lowbit/core/thread_pool.h"
 

@@ -24,7 +24,7 @@
 // term).
 #include <cuda_bf16.h>
 
-#include "kernels/cuda/matvec.cuh"
+#include "matvec.cuh"
 
 namespace lowbit::kernels::cuda {
 namespace {

@@ -17,8 +17,8 @@
 // the Sx term added per segment and the C term at the group's end. With few row x token tiles, K is split over a
 // cluster of up to 8 blocks that add their partial tiles through distributed shared memory (deterministic order).
 // The block tiling, activation pipeline, per-group finish and K split are gemm_tile.cuh's (shared with tile_gemm.cu).
-#include "kernels/cuda/gemm.h"
-#include "kernels/cuda/gemm_tile.cuh"
+#include "gemm.h"
+#include "gemm_tile.cuh"
 
 namespace lowbit::kernels::cuda {
 namespace {

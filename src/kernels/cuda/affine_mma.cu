@@ -20,9 +20,9 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
-#include "kernels/cuda/cluster.cuh"
-#include "kernels/cuda/matvec.h"
-#include "kernels/cuda/mma.cuh"
+#include "cluster.cuh"
+#include "matvec.h"
+#include "mma.cuh"
 
 namespace lowbit::kernels::cuda {
 namespace {

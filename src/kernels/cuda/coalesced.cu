@@ -3,7 +3,7 @@
 // columns {s 128 T + 128 t + 4 l + u : t < T, u < 4} and their codes are its 16 bytes at offset (s 32 + l) 16,
 // weight t 4 + u at bit (t 4 + u) bits. So a warp-wide 16-byte load of codes reads 512 contiguous bytes, and so
 // does each float4 load of x; a group's scale and bias are warp-uniform (1-4 addresses).
-#include "kernels/cuda/matvec.cuh"
+#include "matvec.cuh"
 
 namespace lowbit::kernels::cuda {
 namespace {

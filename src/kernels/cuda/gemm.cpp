@@ -1,6 +1,6 @@
 // Checked entry points of the prefill GEMM kernels (affine_gemm.cu, tile_gemm.cu): the row count and layout checks
 // the unchecked launchers rely on.
-#include "kernels/cuda/gemm.h"
+#include "gemm.h"
 
 #include "lowbit/core/error.h"
 #include "lowbit/kernels/cuda.h"

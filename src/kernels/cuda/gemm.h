@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "kernels/cuda/matvec.h"
+#include "matvec.h"
 
 namespace lowbit::kernels::cuda {
 

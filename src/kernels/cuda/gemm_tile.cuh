@@ -14,8 +14,8 @@
 
 #include <algorithm>
 
-#include "kernels/cuda/cluster.cuh"
-#include "kernels/cuda/mma.cuh"
+#include "cluster.cuh"
+#include "mma.cuh"
 
 namespace lowbit::kernels::cuda {
 namespace {

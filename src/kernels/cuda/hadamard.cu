@@ -7,7 +7,7 @@
 // The same sums as codec/hadamard.cpp in another order (float rounding differs, not the transform).
 #include <cuda_runtime.h>
 
-#include "kernels/cuda/trellis.h"
+#include "trellis.h"
 
 namespace lowbit::kernels::cuda {
 namespace {

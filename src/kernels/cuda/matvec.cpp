@@ -2,8 +2,8 @@
 // (the layout checks serve the prefill GEMMs of gemm.cpp too).
 #include <algorithm>
 
-#include "kernels/cuda/matvec.h"
-#include "kernels/cuda/trellis.h"
+#include "matvec.h"
+#include "trellis.h"
 
 #include "lowbit/core/error.h"
 #include "lowbit/kernels/cuda.h"

@@ -14,7 +14,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include "kernels/cuda/matvec.h"
+#include "matvec.h"
 
 namespace lowbit::kernels::cuda {
 namespace {

@@ -1,5 +1,5 @@
 // The 5-bit affine matvec kernels (all batch widths and group sizes).
-#include "kernels/cuda/matvec.cuh"
+#include "matvec.cuh"
 
 namespace lowbit::kernels::cuda {
 template void launch_affine_bits<5>(const AffineDevice&, const float*, int, int, float*, CUstream_st*);

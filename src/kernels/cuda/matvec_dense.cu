@@ -1,5 +1,5 @@
 // The dense matvec kernels and the launchers' dispatch by element type and bit width.
-#include "kernels/cuda/matvec.cuh"
+#include "matvec.cuh"
 
 namespace lowbit::kernels::cuda {
 

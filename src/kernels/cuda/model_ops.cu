@@ -1,12 +1,12 @@
-// The decode step's kernels besides the matvecs (model_ops.h). Each mirrors an op of the CPU interpreter
-// (src/model/forward.cpp) in f32; only the order of sums differs, so logits agree to rounding.
+// The decode step's kernels besides the matvecs (lowbit/kernels/cuda_model_ops.h). Each mirrors an op of the CPU
+// interpreter (src/model/forward.cpp) in f32; only the order of sums differs, so logits agree to rounding.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <cfloat>
 #include <climits>
 
-#include "kernels/cuda/model_ops.h"
+#include "lowbit/kernels/cuda_model_ops.h"
 
 namespace lowbit::kernels::cuda {
 

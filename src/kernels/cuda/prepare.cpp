@@ -9,10 +9,10 @@
 #include <mutex>
 #include <vector>
 
-#include "kernels/cuda/gemm.h"
-#include "kernels/cuda/matvec.h"
-#include "kernels/cuda/prepare.h"
-#include "kernels/cuda/trellis.h"
+#include "gemm.h"
+#include "matvec.h"
+#include "prepare.h"
+#include "trellis.h"
 #include "lowbit/codec/affine.h"
 #include "lowbit/codec/dense.h"
 #include "lowbit/codec/hadamard.h"

@@ -10,8 +10,8 @@
 // ls + 1 into the other buffers, compute stage ls.
 #include <cuda_fp16.h>
 
-#include "kernels/cuda/gemm.h"
-#include "kernels/cuda/gemm_tile.cuh"
+#include "gemm.h"
+#include "gemm_tile.cuh"
 
 namespace lowbit::kernels::cuda {
 namespace {

@@ -18,8 +18,8 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include "kernels/cuda/trellis.h"
-#include "kernels/cuda/trellis_tile.cuh"
+#include "trellis.h"
+#include "trellis_tile.cuh"
 
 namespace lowbit::kernels::cuda {
 namespace {

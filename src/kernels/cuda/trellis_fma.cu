@@ -9,9 +9,9 @@
 // in the tail-biting stream are the end of the row above, fetched from the neighbouring lane with a shuffle.
 // Each state is two integer ops from a 64-bit window (80 bits for k = 4, each state's word pair fixed at
 // compile time), the code two or three more, then one FMA.
-#include "kernels/cuda/matvec.cuh"
-#include "kernels/cuda/trellis.h"
-#include "kernels/cuda/trellis_code.cuh"
+#include "matvec.cuh"
+#include "trellis.h"
+#include "trellis_code.cuh"
 
 namespace lowbit::kernels::cuda {
 namespace {

@@ -15,9 +15,9 @@
 
 #include <algorithm>
 
-#include "kernels/cuda/cluster.cuh"
-#include "kernels/cuda/trellis.h"
-#include "kernels/cuda/trellis_tile.cuh"
+#include "cluster.cuh"
+#include "trellis.h"
+#include "trellis_tile.cuh"
 
 namespace lowbit::kernels::cuda {
 namespace {

@@ -13,7 +13,7 @@
 
 #include <cstdint>
 
-#include "kernels/cuda/trellis_code.cuh"
+#include "trellis_code.cuh"
 
 namespace lowbit::kernels::cuda {
 

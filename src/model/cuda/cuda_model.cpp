@@ -11,14 +11,14 @@
 #include <optional>
 #include <vector>
 
-#include "kernels/cuda/model_ops.h"
+#include "lowbit/kernels/cuda_model_ops.h"
 #include "lowbit/core/checked.h"
 #include "lowbit/core/dtype.h"
 #include "lowbit/core/error.h"
 #include "lowbit/kernels/cuda.h"
 #include "lowbit/model/cuda_model.h"
 #include "lowbit/model/family.h"
-#include "model/cuda/stack_rows.h"
+#include "cuda/stack_rows.h"
 
 namespace lowbit::model {
 

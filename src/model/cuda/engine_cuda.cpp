@@ -5,7 +5,7 @@
 
 #include "lowbit/core/error.h"
 #include "lowbit/model/cuda_model.h"
-#include "model/engine_backend.h"
+#include "engine_backend.h"
 
 namespace lowbit::model {
 

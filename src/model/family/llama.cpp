@@ -1,12 +1,12 @@
 // Llama (1, 2, 3.x) and the many models that reuse its layout (SmolLM, TinyLlama, llama2.c checkpoints): RoPE
 // scaling (linear, llama3), optional attention bias, an optional explicit head_dim.
-#include "model/family/llama.h"
+#include "family/llama.h"
 
 #include <cmath>
 
 #include "lowbit/core/error.h"
 #include "lowbit/io/gguf.h"
-#include "model/json_fields.h"
+#include "json_fields.h"
 
 namespace lowbit::model {
 

@@ -2,8 +2,8 @@
 // null from v0.2 on). A window at least as long as the context is every earlier key, as in transformers.
 #include "lowbit/core/error.h"
 #include "lowbit/io/gguf.h"
-#include "model/family/llama.h"
-#include "model/json_fields.h"
+#include "family/llama.h"
+#include "json_fields.h"
 
 namespace lowbit::model {
 

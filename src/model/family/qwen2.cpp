@@ -1,6 +1,6 @@
 // Qwen2 / Qwen2.5: Llama's layer with a bias on the q, k and v projections. Their sliding_window applies only
 // with use_sliding_window, which the released models leave off; it is not read.
-#include "model/family/llama.h"
+#include "family/llama.h"
 
 namespace lowbit::model {
 

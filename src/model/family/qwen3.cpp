@@ -1,7 +1,7 @@
 // Qwen3 (dense): Llama's layer with an RMSNorm over each head of q and k, applied before RoPE; an explicit
 // head_dim (not dim / n_heads); no q/k/v bias unless attention_bias says so.
-#include "model/family/llama.h"
-#include "model/json_fields.h"
+#include "family/llama.h"
+#include "json_fields.h"
 
 namespace lowbit::model {
 

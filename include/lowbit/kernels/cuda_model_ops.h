@@ -1,10 +1,11 @@
-// Launchers of the elementwise and attention kernels of the GPU decode step and prefill pass (model_ops.cu), the
-// ops a model description (include/lowbit/model/family.h) is made of: embedding gather (scaled), the norms (RMS,
-// RMS with (1 + w) gains, LayerNorm) with the residual add fused in, bias adds, qkv bias + per-head norm + RoPE +
-// KV-cache append, decode and prefill attention (scale, soft-capping, sliding window), the MLP activations
-// (SwiGLU, GeGLU, GELU), logit soft-capping, greedy argmax. Plain C++
-// with no lowbit includes, so that nvcc's front end only sees this header. Launches are unchecked and
-// asynchronous on `stream` (capturable in a CUDA graph); callers check with check_last_error().
+// Launchers of the elementwise and attention kernels of the GPU decode step and prefill pass
+// (src/kernels/cuda/model_ops.cu), for the CUDA model runtime (src/model/cuda): the ops a model description
+// (include/lowbit/model/family.h) is made of: embedding gather (scaled), the norms (RMS, RMS with (1 + w) gains,
+// LayerNorm) with the residual add fused in, bias adds, qkv bias + per-head norm + RoPE + KV-cache append, decode
+// and prefill attention (scale, soft-capping, sliding window), the MLP activations (SwiGLU, GeGLU, GELU), logit
+// soft-capping, greedy argmax. Plain C++ with no lowbit includes, so that nvcc's front end only sees this header.
+// Launches are unchecked and asynchronous on `stream` (capturable in a CUDA graph); callers check with
+// check_last_error().
 //
 // A step runs `batch` activation rows. Row b reads its token, its position and its KV-cache slot from device
 // memory (tokens[b], pos[b], slot[b]), so one captured graph serves every step: batched decode puts
