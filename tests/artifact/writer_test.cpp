@@ -41,7 +41,7 @@ pid_t dead_pid() {
 TEST(Writer, CutsShardsAtTheLimit) {
   TempDir tmp;
   ArtifactWriter w(tmp / "a", {.shard_bytes = 1000});
-  for (int i = 0; i < 10; ++i) w.add_dense("t" + std::to_string(i), f32_tensor({100}).view());  // 400 bytes each
+  for (int i = 0; i < 10; ++i) w.add_dense(fmt::format("t{}", i), f32_tensor({100}).view());  // 400 bytes each
   const Manifest& m = w.commit();
   EXPECT_EQ(payload_count(m), 5u);  // two tensors (800 bytes) per shard: a third would pass 1000
   for (const FileEntry& f : m.files) EXPECT_LT(f.size, 1000u + 512u) << f.name;

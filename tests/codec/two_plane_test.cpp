@@ -261,7 +261,9 @@ TEST(TwoPlane, QuantizeColumnRoundsToTheStoredGrid) {
       const auto m = tp::expand_metadata(tp::layout(e.params, shape), e.views());
       for (int64_t r = 0; r < 4; ++r) {
         for (int64_t c = 0; c < 140; ++c) {
-          if (c != col) ASSERT_EQ(after[r * 140 + c], before[r * 140 + c]) << storage << " " << metadata;
+          if (c != col) {
+            ASSERT_EQ(after[r * 140 + c], before[r * 140 + c]) << storage << " " << metadata;
+          }
         }
         EXPECT_EQ(after[r * 140 + col], out[r]);
         const size_t g = static_cast<size_t>(r * 2 + 1);

@@ -70,8 +70,11 @@ TEST(Quantize, AffineArtifactIsAnMlxCheckpoint) {
 
   const auto via_manifest = model::load_model(o.destination);
   const auto via_mlx = model::load_mlx(o.destination);
-  for (const auto& t : via_mlx->tensors)
-    if (t.ref.shape.size() == 2) EXPECT_EQ(t.ref.codec->id, "affine") << t.name;
+  for (const auto& t : via_mlx->tensors) {
+    if (t.ref.shape.size() == 2) {
+      EXPECT_EQ(t.ref.codec->id, "affine") << t.name;
+    }
+  }
   const std::vector<int32_t> tokens{1, 5, 9, 2, 40, 7};
   EXPECT_EQ(logits_of(*via_manifest, tokens), logits_of(*via_mlx, tokens));
 
@@ -130,7 +133,9 @@ TEST(Quantize, TargetLinearBitsBudgetsTheLinearsOnly) {
   for (const auto& t : r.tensors) {
     const bool layer = t.name.find("layers") != std::string::npos;
     EXPECT_EQ(r.allocation["choices"].contains(t.name), layer && t.shape.size() == 2) << t.name;
-    if (!layer && t.shape.size() == 2) EXPECT_EQ(t.choice.params["bits"], 4) << t.name;
+    if (!layer && t.shape.size() == 2) {
+      EXPECT_EQ(t.choice.params["bits"], 4) << t.name;
+    }
   }
 
   o.target_linear_bpw.reset();
