@@ -34,9 +34,9 @@ std::optional<int32_t> token_id_key(const io::GgufFile& f, const std::string& ke
   return static_cast<int32_t>(*v);
 }
 
-constexpr int32_t kTokenControl = 3, kTokenUserDefined = 4;
+constexpr int32_t kTokenUnknown = 2, kTokenControl = 3, kTokenUserDefined = 4;
 constexpr std::string_view kEndTokens[] = {"<|im_end|>", "<|eot_id|>", "<|endoftext|>", "<|end_of_text|>",
-                                           "<|eom_id|>"};
+                                           "<|eom_id|>", "<end_of_turn>", "<|end|>"};
 
 // eos, eot and eom ids, and the control tokens that end a turn in the vocabularies we know.
 std::vector<int32_t> end_ids(const io::GgufFile& f, const std::vector<std::string>& tokens,
@@ -88,9 +88,15 @@ std::unique_ptr<Tokenizer> llama_tokenizer(const io::GgufFile& f, const std::vec
   pieces.reserve(tokens.size());
   for (size_t id = 0; id < tokens.size(); ++id)
     pieces.push_back({tokens[id], static_cast<float>(scores[id]), static_cast<int32_t>(types[id])});
+  // Gemma's vocabulary types its <unk> as a control token and names it in unknown_token_id (llama.cpp goes by the
+  // id); SentencePiece needs the piece typed unknown.
+  if (const auto unk = token_id_key(f, "tokenizer.ggml.unknown_token_id", tokens.size());
+      unk && pieces[*unk].type == kTokenControl)
+    pieces[*unk].type = kTokenUnknown;
   const auto bos = token_id_key(f, "tokenizer.ggml.bos_token_id", tokens.size());
   const bool add_bos = f.get_bool("tokenizer.ggml.add_bos_token").value_or(true);
-  return make_sentencepiece(pieces, bos, end_ids(f, tokens, types), add_bos, f.source());
+  const bool add_space_prefix = f.get_bool("tokenizer.ggml.add_space_prefix").value_or(true);
+  return make_sentencepiece(pieces, bos, end_ids(f, tokens, types), add_bos, f.source(), add_space_prefix);
 }
 
 }  // namespace
