@@ -48,7 +48,7 @@ void run(const Args& a) {
   model::ChatTemplate tmpl = model::chat_template_for(a.model, *tokenizer);
   if (a.template_name) {
     const auto format = model::parse_chat_format(*a.template_name);
-    if (!format) fail(Errc::usage, "[chat] --template {}: expected chatml or llama3", *a.template_name);
+    if (!format) fail(Errc::usage, "[chat] --template {}: expected chatml, llama3, gemma or phi3", *a.template_name);
     if (*format != tmpl.format) tmpl = {*format, std::nullopt};
   }
   model::SamplerOptions sampler = a.sampler;
@@ -78,7 +78,7 @@ void setup(CLI::App& root) {
   cmd->add_option("model", args->model, "Model: GGUF file, HF directory, lowbit artifact")->required();
   cmd->add_option("-p,--message", args->message, "One user message; without it, read messages from stdin");
   cmd->add_option("--system", args->system, "System prompt (default: the template's own, if any)");
-  cmd->add_option("--template", args->template_name, "chatml or llama3 (default: recognized from the model)");
+  cmd->add_option("--template", args->template_name, "chatml, llama3, gemma or phi3 (default: recognized from the model)");
   cmd->add_option("-n,--max-tokens", args->max_tokens, "Most tokens per reply")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();

@@ -12,6 +12,13 @@ namespace {
 constexpr std::string_view kChatmlStart = "<|im_start|>", kChatmlEnd = "<|im_end|>";
 constexpr std::string_view kLlama3Header = "<|start_header_id|>", kLlama3HeaderEnd = "<|end_header_id|>";
 constexpr std::string_view kLlama3Bos = "<|begin_of_text|>", kLlama3Eot = "<|eot_id|>";
+// Gemma: "<bos><start_of_turn>user\n...<end_of_turn>\n<start_of_turn>model\n", the system prompt at the head of
+// the first user turn (HF's Gemma 2/3 chat templates).
+constexpr std::string_view kGemmaBos = "<bos>", kGemmaStart = "<start_of_turn>", kGemmaEnd = "<end_of_turn>";
+// Phi-3: "<|user|>\n...<|end|>\n<|assistant|>\n".
+constexpr std::string_view kPhi3User = "<|user|>", kPhi3Assistant = "<|assistant|>", kPhi3End = "<|end|>";
+// The tokens that end a model's turn, whichever format.
+constexpr std::string_view kTurnEnds[] = {kChatmlEnd, kLlama3Eot, kGemmaEnd, kPhi3End};
 
 // A fixed system prompt written out in a ChatML template ("<|im_start|>system\nYou are ...<|im_end|>"), as
 // opposed to one built from the messages (which has quotes or expressions before the end marker).
@@ -47,6 +54,8 @@ double seconds_since(Clock::time_point t) { return std::chrono::duration<double>
 std::optional<ChatFormat> parse_chat_format(std::string_view name) {
   if (name == "chatml") return ChatFormat::chatml;
   if (name == "llama3") return ChatFormat::llama3;
+  if (name == "gemma") return ChatFormat::gemma;
+  if (name == "phi3") return ChatFormat::phi3;
   return std::nullopt;
 }
 
@@ -54,6 +63,8 @@ std::optional<ChatTemplate> recognize_chat_template(std::string_view jinja) {
   if (contains(jinja, kLlama3Header) && contains(jinja, kLlama3Eot)) return ChatTemplate{ChatFormat::llama3, std::nullopt};
   if (contains(jinja, kChatmlStart) && contains(jinja, kChatmlEnd))
     return ChatTemplate{ChatFormat::chatml, literal_system_prompt(jinja)};
+  if (contains(jinja, kGemmaStart) && contains(jinja, kGemmaEnd)) return ChatTemplate{ChatFormat::gemma, std::nullopt};
+  if (contains(jinja, kPhi3User) && contains(jinja, kPhi3End)) return ChatTemplate{ChatFormat::phi3, std::nullopt};
   return std::nullopt;
 }
 
@@ -62,7 +73,10 @@ ChatTemplate chat_template_for(const std::filesystem::path& model_path, const To
     if (auto tmpl = recognize_chat_template(*jinja)) return *tmpl;
   if (tokenizer.token_id(kLlama3Header) && tokenizer.token_id(kLlama3Eot)) return {ChatFormat::llama3, std::nullopt};
   if (tokenizer.token_id(kChatmlStart) && tokenizer.token_id(kChatmlEnd)) return {ChatFormat::chatml, std::nullopt};
-  fail(Errc::unsupported, "[chat] {}: no ChatML or Llama-3 chat template found; pass --template", model_path.string());
+  if (tokenizer.token_id(kGemmaStart) && tokenizer.token_id(kGemmaEnd)) return {ChatFormat::gemma, std::nullopt};
+  if (tokenizer.token_id(kPhi3User) && tokenizer.token_id(kPhi3End)) return {ChatFormat::phi3, std::nullopt};
+  fail(Errc::unsupported, "[chat] {}: no ChatML, Llama-3, Gemma or Phi-3 chat template found; pass --template",
+       model_path.string());
 }
 
 std::string render_chat(const ChatTemplate& tmpl, const std::vector<ChatMessage>& messages, bool add_generation_prompt) {
@@ -77,6 +91,27 @@ std::string render_chat(const ChatTemplate& tmpl, const std::vector<ChatMessage>
       out.append(m.content).append(kLlama3Eot);
     }
     if (add_generation_prompt) header("assistant");
+    return out;
+  }
+  if (tmpl.format == ChatFormat::gemma) {
+    out = kGemmaBos;
+    std::string_view system;
+    for (const auto& m : messages) {
+      if (m.role == "system") {
+        system = m.content;
+        continue;
+      }
+      out.append(kGemmaStart).append(m.role == "assistant" ? "model" : m.role).append("\n");
+      if (!system.empty()) out.append(system).append("\n\n");
+      system = {};
+      out.append(m.content).append(kGemmaEnd).append("\n");
+    }
+    if (add_generation_prompt) out.append(kGemmaStart).append("model\n");
+    return out;
+  }
+  if (tmpl.format == ChatFormat::phi3) {
+    for (const auto& m : messages) out.append("<|").append(m.role).append("|>\n").append(m.content).append(kPhi3End).append("\n");
+    if (add_generation_prompt) out.append(kPhi3Assistant).append("\n");
     return out;
   }
   auto turn = [&](std::string_view role) { out.append(kChatmlStart).append(role).append("\n"); };
@@ -123,7 +158,7 @@ GenerateStats ChatSession::reply(const std::string& user_message, int64_t max_to
 
   std::vector<int32_t> stops = tokenizer_.eos_ids();
   stops.insert(stops.end(), model_.config.eos_ids.begin(), model_.config.eos_ids.end());
-  for (auto end : {kChatmlEnd, kLlama3Eot})
+  for (auto end : kTurnEnds)
     if (auto id = tokenizer_.token_id(end)) stops.push_back(*id);
 
   std::string answer;

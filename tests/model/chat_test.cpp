@@ -41,9 +41,35 @@ TEST(ChatTemplate, RecognizesLlama3) {
   EXPECT_FALSE(recognize_chat_template("{{ messages }}").has_value());
 }
 
+// Gemma 3's template as HF ships it (shortened to the parts that print): the system prompt opens the first user
+// turn, the assistant is "model".
+TEST(ChatTemplate, RecognizesGemma) {
+  const auto tmpl = recognize_chat_template(
+      "{{ bos_token }}{%- if messages[0]['role'] == 'system' -%}{%- set first_user_prefix = messages[0]['content'] + "
+      "'\n\n' -%}{%- endif -%}{%- for message in loop_messages -%}{{ '<start_of_turn>' + role + '\n' + "
+      "(first_user_prefix if loop.first else \"\") }}{{ message['content'] | trim }}{{ '<end_of_turn>\n' }}"
+      "{%- endfor -%}{%- if add_generation_prompt -%}{{'<start_of_turn>model\n'}}{%- endif -%}");
+  ASSERT_TRUE(tmpl.has_value());
+  EXPECT_EQ(tmpl->format, ChatFormat::gemma);
+  EXPECT_EQ(render_chat(*tmpl, {{"system", "Be brief."}, {"user", "Hi"}, {"assistant", "Hello"}, {"user", "Bye"}}, true),
+            "<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\nHello<end_of_turn>\n"
+            "<start_of_turn>user\nBye<end_of_turn>\n<start_of_turn>model\n");
+}
+
+TEST(ChatTemplate, RecognizesPhi3) {
+  const auto tmpl = recognize_chat_template(
+      "{% for message in messages %}{% if message['role'] == 'user' %}{{'<|user|>\n' + message['content'] + "
+      "'<|end|>\n'}}{% elif message['role'] == 'assistant' %}{{'<|assistant|>\n' + message['content'] + "
+      "'<|end|>\n'}}{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}");
+  ASSERT_TRUE(tmpl.has_value());
+  EXPECT_EQ(tmpl->format, ChatFormat::phi3);
+  EXPECT_EQ(render_chat(*tmpl, {{"user", "Hi"}}, true), "<|user|>\nHi<|end|>\n<|assistant|>\n");
+}
+
 TEST(ChatTemplate, RenderingIsPrefixStable) {
-  for (const auto& tmpl : {ChatTemplate{ChatFormat::chatml, "sys"}, ChatTemplate{ChatFormat::llama3, std::nullopt}}) {
-    std::vector<ChatMessage> messages = {{"user", "a"}};
+  for (const auto& tmpl : {ChatTemplate{ChatFormat::chatml, "sys"}, ChatTemplate{ChatFormat::llama3, std::nullopt},
+                           ChatTemplate{ChatFormat::gemma, std::nullopt}, ChatTemplate{ChatFormat::phi3, std::nullopt}}) {
+    std::vector<ChatMessage> messages = {{"system", "s"}, {"user", "a"}};
     const std::string first = render_chat(tmpl, messages, true);
     messages.push_back({"assistant", "b"});
     messages.push_back({"user", "c"});

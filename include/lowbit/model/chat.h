@@ -1,4 +1,4 @@
-// Chat: the prompt formats of instruction-tuned models (ChatML, Llama-3), recognized from a model's Jinja chat
+// Chat: the prompt formats of instruction-tuned models (ChatML, Llama-3, Gemma, Phi-3), recognized from a model's Jinja chat
 // template string (tokenizer_config.json or GGUF tokenizer.chat_template) rather than by running Jinja, and a
 // session that keeps the KV cache across turns so each turn only prefills its new tokens.
 #pragma once
@@ -16,7 +16,7 @@
 
 namespace lowbit::model {
 
-enum class ChatFormat { chatml, llama3 };
+enum class ChatFormat { chatml, llama3, gemma, phi3 };
 
 struct ChatMessage {
   std::string role;  // "system", "user", "assistant"
@@ -29,9 +29,9 @@ struct ChatTemplate {
   std::optional<std::string> default_system;
 };
 
-// "chatml" or "llama3"; nullopt otherwise.
+// "chatml", "llama3", "gemma" or "phi3"; nullopt otherwise.
 std::optional<ChatFormat> parse_chat_format(std::string_view name);
-// Recognizes a Jinja template by its markers; nullopt when it is neither ChatML nor Llama-3.
+// Recognizes a Jinja template by its markers; nullopt when it is none of the formats.
 std::optional<ChatTemplate> recognize_chat_template(std::string_view jinja);
 // The template of a model: from GGUF metadata or tokenizer_config.json beside it, else guessed from the
 // tokenizer's special tokens. Errc::unsupported when none fits (pass --template).
