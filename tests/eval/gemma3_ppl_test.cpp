@@ -1,5 +1,8 @@
-// Gemma-3-270M's perplexity on WikiText-2 (ctx 512, the windows llama-perplexity scores) within 0.5% of
-// llama-perplexity's on the same text (tests/model/gemma3_reference.h; skips without the GGUF).
+// Gemma-3-270M's perplexity on WikiText-2's first two windows (ctx 512, scored as llama-perplexity scores them)
+// against a float64 forward of the same weights and against llama-perplexity (tests/model/gemma3_reference.h;
+// skips without the GGUF). lowbit's f32 matches float64; llama.cpp's rounding of activations to 8 bits, of the KV
+// cache to f16 and of GELU to fp16 moves its perplexity by 0.7-0.8% on these windows (11.1128 against float64's
+// 11.1918 on the first), more than the 0.5% issue 16 hoped for, so the bound against llama.cpp is 1%.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -16,7 +19,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-TEST(Gemma3Perplexity, WithinHalfAPercentOfLlamaCpp) {
+TEST(Gemma3Perplexity, MatchesFloat64AndLlamaCppUpToItsRounding) {
   if (!fs::exists(testing::gemma3_gguf())) GTEST_SKIP() << testing::gemma3_gguf() << testing::kGemma3Absent;
   const auto reference = testing::gemma3_llama_cpp_reference()["perplexity"];
   const fs::path file = fs::path(LOWBIT_SHARED_DIR) / reference["file"].get<std::string>();
@@ -28,12 +31,17 @@ TEST(Gemma3Perplexity, WithinHalfAPercentOfLlamaCpp) {
   const auto tokenizer = model::load_gguf_tokenizer(testing::gemma3_gguf());
   const std::vector<int32_t> tokens = tokenizer->encode(text, true, false);
   ThreadPool pool(0);
-  const PerplexityResult r = perplexity(*model, tokens, {.ctx = ctx, .bos = tokenizer->bos_id()}, pool);
-  const double expected = reference["llama_perplexity"];
-  std::cout << "[ gemma3   ] perplexity " << r.ppl << " over " << r.windows << " windows; llama-perplexity "
-            << expected << " (" << 100 * (r.ppl / expected - 1) << "%)\n";
+  WindowOptions options;
+  options.ctx = ctx;
+  options.bos = tokenizer->bos_id();
+  const PerplexityResult r = perplexity(*model, tokens, options, pool);
+  const double llama_cpp = reference["llama_perplexity"];
+  const double f64 = testing::gemma3_llama_cpp_reference()["float64"]["perplexity"];
+  std::cout << "[ gemma3   ] perplexity " << r.ppl << " over " << r.windows << " windows; float64 " << f64
+            << ", llama-perplexity " << llama_cpp << " (" << 100 * (r.ppl / llama_cpp - 1) << "%)\n";
   EXPECT_EQ(r.windows, reference["windows"].get<int64_t>());
-  EXPECT_NEAR(r.ppl / expected, 1.0, 0.005);
+  EXPECT_NEAR(r.ppl / f64, 1.0, 1e-4);
+  EXPECT_NEAR(r.ppl / llama_cpp, 1.0, 0.01);
 }
 
 }  // namespace
