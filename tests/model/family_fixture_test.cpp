@@ -2,10 +2,12 @@
 // (tests/model/fixtures/families/<family>/, written by scripts/make_family_fixtures.py, which says what each one
 // exercises) runs through lowbit's CPU forward pass; the logits of all positions must be within 1e-4 of
 // transformers' (max abs difference over the largest logit) and greedy decoding must give transformers' ids.
-// A directory that also holds model.gguf (the same weights as llama.cpp's converter writes them) must give the
+// Each model written back as an HF directory must give the same logits again. A directory that also holds
+// model.gguf (the same weights as llama.cpp's converter writes them) must give the
 // same logits from the GGUF, or those of expected_gguf.safetensors where llama.cpp reads the GGUF as a slightly
 // different model (the gemmas: no query_pre_attn_scalar in GGUF, gemma3's default layer pattern).
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -16,6 +18,7 @@
 #include "lowbit/core/thread_pool.h"
 #include "lowbit/io/safetensors.h"
 #include "lowbit/model/family.h"
+#include "lowbit/model/hf.h"
 #include "lowbit/model/model.h"
 
 namespace lowbit::model {
@@ -98,7 +101,16 @@ TEST_P(FamilyFixture, MatchesTransformers) {
   // The context is exactly what the check uses: phi3's LongRoPE picks its short factors for a context within
   // original_max_position_embeddings, as transformers does for sequences that short.
   const LoadOptions options{static_cast<int64_t>(e.tokens.size() + e.greedy.size())};
-  check_model(*load_model(dir, options), e, GetParam() + " (HF)");
+  const auto hf = load_model(dir, options);
+  check_model(*hf, e, GetParam() + " (HF)");
+  // Written back as an HF directory (the family's write_hf: config.json must describe the same model) and read
+  // again, as artifacts store their config.
+  const fs::path written =
+      fs::temp_directory_path() / ("lowbit_family_" + GetParam() + "_" + std::to_string(::getpid()));
+  fs::remove_all(written);
+  write_hf(*hf, written);
+  check_model(*load_model(written, options), e, GetParam() + " (HF written back)");
+  fs::remove_all(written);
   if (!fs::exists(dir / "model.gguf")) return;
   const fs::path gguf_view = dir / "expected_gguf.safetensors";
   check_model(*load_model(dir / "model.gguf", options), fs::exists(gguf_view) ? read_expected(gguf_view) : e,
