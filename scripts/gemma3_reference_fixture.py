@@ -3,10 +3,10 @@
 tests/model/gemma3_gguf_test.cpp and tests/eval/gemma3_ppl_test.cpp hold lowbit to, from the outputs of
 scripts/llamacpp_refs.sh (llama.cpp of the PyPI sdist llama-cpp-python 0.3.36, CPU):
     scripts/llamacpp_refs.sh CACHE_DIR OUT_DIR && python3 scripts/gemma3_reference_fixture.py OUT_DIR
-Kept: each prompt's ids, the top-5 logits after it and 64 greedy ids (greedy.json), WikiText-2 test's token count and first ids, and
-llama-perplexity's estimate after its first two windows of 512 tokens ("[2]" in perplexity.log), which lowbit's
-test scores from the file's first PREFIX_BYTES bytes (2 whole windows; llama-perplexity gives the same 14.8531 on
-that prefix itself). scripts/gemma3_f64_reference.py then adds the float64 reference.
+Kept: each prompt's ids, the top-5 logits after it and 64 greedy ids (greedy.json), WikiText-2 test's token count
+and first ids, and llama-perplexity's estimate after its first two windows of 512 tokens ("[2]" in perplexity.log),
+which lowbit's test scores from the file's first PREFIX_BYTES bytes (2 whole windows; llama-perplexity gives the
+same 14.8531 on that prefix itself). scripts/gemma3_f64_reference.py then adds the float64 reference.
 """
 import json
 import pathlib

@@ -20,8 +20,8 @@ constexpr TensorSpec kV{Role::v, "self_attn.v_proj.weight", "attn_v.weight", Dim
 constexpr TensorSpec kQNorm{Role::q_norm, "self_attn.q_norm.weight", "attn_q_norm.weight", Dim::head_dim};
 constexpr TensorSpec kKNorm{Role::k_norm, "self_attn.k_norm.weight", "attn_k_norm.weight", Dim::head_dim};
 constexpr TensorSpec kO{Role::o, "self_attn.o_proj.weight", "attn_output.weight", Dim::dim, Dim::q_dim};
-constexpr TensorSpec kPostAttnNorm{Role::post_attn_norm, "post_attention_layernorm.weight", "post_attention_norm.weight",
-                                   Dim::dim};
+constexpr TensorSpec kPostAttnNorm{Role::post_attn_norm, "post_attention_layernorm.weight",
+                                   "post_attention_norm.weight", Dim::dim};
 constexpr TensorSpec kFfnNorm{Role::ffn_norm, "pre_feedforward_layernorm.weight", "ffn_norm.weight", Dim::dim};
 constexpr TensorSpec kGate{Role::gate, "mlp.gate_proj.weight", "ffn_gate.weight", Dim::hidden, Dim::dim};
 constexpr TensorSpec kUp{Role::up, "mlp.up_proj.weight", "ffn_up.weight", Dim::hidden, Dim::dim};
@@ -32,7 +32,7 @@ constexpr TensorSpec kPostFfnNorm{Role::post_ffn_norm, "post_feedforward_layerno
 // Each branch is normed on the way in and on the way out, then added to the residual stream.
 const std::vector<Op>& layer_ops() {
   static const std::vector<Op> ops = {
-      {Op::Kind::norm, Reg::x, Role::attn_norm},     {Op::Kind::attention},
+      {Op::Kind::norm, Reg::x, Role::attn_norm},      {Op::Kind::attention},
       {Op::Kind::norm, Reg::h, Role::post_attn_norm}, {Op::Kind::add},
       {Op::Kind::norm, Reg::x, Role::ffn_norm},       {Op::Kind::mlp},
       {Op::Kind::norm, Reg::h, Role::post_ffn_norm},  {Op::Kind::add},
@@ -51,7 +51,8 @@ void parse_hf(const nlohmann::json& hf, ModelConfig& c, std::string_view source,
   const std::string act =
       json_string_or(hf, "hidden_activation", json_string_or(hf, "hidden_act", "gelu_pytorch_tanh", source), source);
   if (act != "gelu_pytorch_tanh")
-    fail(Errc::unsupported, "[load_model] {}: hidden_activation '{}' is not supported (gelu_pytorch_tanh)", source, act);
+    fail(Errc::unsupported, "[load_model] {}: hidden_activation '{}' is not supported (gelu_pytorch_tanh)", source,
+         act);
   if (json_bool_or(hf, "attention_bias", false, source))
     fail(Errc::unsupported, "[load_model] {}: attention_bias true is not supported for {}", source, c.arch);
   const double scalar = json_number_or(hf, "query_pre_attn_scalar", 256.0, source);  // HF's default
@@ -64,9 +65,13 @@ void parse_hf(const nlohmann::json& hf, ModelConfig& c, std::string_view source,
     if (!it->is_array() || static_cast<int64_t>(it->size()) != c.n_layers)
       fail(Errc::format, "[load_model] {}: layer_types is not a list of {} layer types", source, c.n_layers);
     for (const auto& t : *it) {
-      if (t == "sliding_attention") c.sliding_layers.push_back(true);
-      else if (t == "full_attention") c.sliding_layers.push_back(false);
-      else fail(Errc::format, "[load_model] {}: layer_types holds {} (sliding_attention or full_attention)", source, t.dump());
+      if (t == "sliding_attention")
+        c.sliding_layers.push_back(true);
+      else if (t == "full_attention")
+        c.sliding_layers.push_back(false);
+      else
+        fail(Errc::format, "[load_model] {}: layer_types holds {} (sliding_attention or full_attention)", source,
+             t.dump());
     }
   } else {
     if (pattern < 1) fail(Errc::format, "[load_model] {}: sliding_window_pattern {} is not positive", source, pattern);

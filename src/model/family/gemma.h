@@ -3,10 +3,9 @@
 // and full-attention layers, and a sqrt(dim)-scaled embedding.
 #pragma once
 
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
-
-#include <nlohmann/json.hpp>
 
 #include "lowbit/model/family.h"
 

@@ -26,15 +26,19 @@ void parse_rope(const nlohmann::json& hf, ModelConfig& c, std::string_view sourc
     return;
   }
   const nlohmann::json& full = (*params)["full_attention"];
-  const nlohmann::json& local = params->contains("sliding_attention") ? (*params)["sliding_attention"] : nlohmann::json();
+  const nlohmann::json& local =
+      params->contains("sliding_attention") ? (*params)["sliding_attention"] : nlohmann::json();
   if (!full.is_object() || !(local.is_object() || local.is_null()))
     fail(Errc::format, "[load_model] {}: rope_parameters.full_attention / sliding_attention are not objects", source);
   c.rope_theta = json_number_or(full, "rope_theta", 1e6, source);
   c.rope_scaling = parse_rope_scaling(nlohmann::json{{"rope_scaling", full}}, source);
   c.rope_local_theta = local.is_null() ? 1e4 : json_number_or(local, "rope_theta", 1e4, source);
-  if (!local.is_null() && parse_rope_scaling(nlohmann::json{{"rope_scaling", local}}, source).kind != RopeScaling::Kind::none)
-    fail(Errc::unsupported, "[load_model] {}: rope_parameters.sliding_attention: RoPE scaling on the sliding layers is "
-         "not supported", source);
+  if (!local.is_null() &&
+      parse_rope_scaling(nlohmann::json{{"rope_scaling", local}}, source).kind != RopeScaling::Kind::none)
+    fail(Errc::unsupported,
+         "[load_model] {}: rope_parameters.sliding_attention: RoPE scaling on the sliding layers is "
+         "not supported",
+         source);
 }
 
 void parse_hf(const nlohmann::json& hf, ModelConfig& c, std::string_view source) {

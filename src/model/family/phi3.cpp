@@ -56,7 +56,8 @@ void parse_rope(const nlohmann::json& hf, ModelConfig& c, std::string_view sourc
     if (const auto it = hf.find(key); !rope && it != hf.end() && !it->is_null()) rope = &*it;
   const double partial = json_number_or(rope ? *rope : hf, "partial_rotary_factor",
                                         json_number_or(hf, "partial_rotary_factor", 1.0, source), source);
-  if (!(partial > 0 && partial <= 1)) fail(Errc::format, "[load_model] {}: partial_rotary_factor {} is not in (0, 1]", source, partial);
+  if (!(partial > 0 && partial <= 1))
+    fail(Errc::format, "[load_model] {}: partial_rotary_factor {} is not in (0, 1]", source, partial);
   if (partial < 1) c.rope_dims = static_cast<int64_t>(static_cast<double>(c.head_dim) * partial);  // HF's int()
   if (!rope) return;
   if (!rope->is_object()) fail(Errc::format, "[load_model] {}: rope_scaling is not an object", source);
@@ -65,21 +66,25 @@ void parse_rope(const nlohmann::json& hf, ModelConfig& c, std::string_view sourc
   if (type.empty()) type = json_string_or(*rope, "type", "default", source);
   if (type == "default") return;
   if (type != "longrope" && type != "su" && type != "yarn")
-    fail(Errc::unsupported, "[load_model] {}: rope_scaling type '{}' is not supported for phi3 (longrope)", source, type);
+    fail(Errc::unsupported, "[load_model] {}: rope_scaling type '{}' is not supported for phi3 (longrope)", source,
+         type);
   RopeScaling& s = c.rope_scaling;
   s.kind = RopeScaling::Kind::longrope;
   s.short_factor = factors(*rope, "short_factor", source);
   s.long_factor = factors(*rope, "long_factor", source);
   s.original_max_position = json_int_or(*rope, "original_max_position_embeddings",
                                         json_int(hf, "original_max_position_embeddings", source), source);
-  s.factor = json_number_or(*rope, "factor", static_cast<double>(c.max_seq) / static_cast<double>(s.original_max_position), source);
-  s.attention_factor = json_number_or(*rope, "attention_factor", default_attention_factor(s.factor, s.original_max_position), source);
+  s.factor = json_number_or(*rope, "factor",
+                            static_cast<double>(c.max_seq) / static_cast<double>(s.original_max_position), source);
+  s.attention_factor =
+      json_number_or(*rope, "attention_factor", default_attention_factor(s.factor, s.original_max_position), source);
 }
 
 void parse_hf(const nlohmann::json& hf, ModelConfig& c, std::string_view source) {
   c.head_dim = json_int_or(hf, "head_dim", c.head_dim, source);
   const std::string act = json_string_or(hf, "hidden_act", "silu", source);
-  if (act != "silu") fail(Errc::unsupported, "[load_model] {}: hidden_act '{}' is not supported for phi3 (silu)", source, act);
+  if (act != "silu")
+    fail(Errc::unsupported, "[load_model] {}: hidden_act '{}' is not supported for phi3 (silu)", source, act);
   parse_rope(hf, c, source);
   c.sliding_window = window_within_context(json_int_or(hf, "sliding_window", 0, source), c.max_seq);
 }
@@ -97,15 +102,17 @@ const io::GgufTensorInfo* rope_factor_tensor(const io::GgufFile& f, std::string_
 void parse_gguf(const io::GgufFile& f, const std::string& arch, ModelConfig& c) {
   if (const auto dims = f.get_uint(arch + ".rope.dimension_count"); dims && static_cast<int64_t>(*dims) != c.head_dim)
     c.rope_dims = static_cast<int64_t>(*dims);
-  c.sliding_window = window_within_context(
-      static_cast<int64_t>(std::min<uint64_t>(f.get_uint(arch + ".attention.sliding_window").value_or(0), uint64_t{1} << 40)),
-      c.max_seq);
+  c.sliding_window =
+      window_within_context(static_cast<int64_t>(std::min<uint64_t>(
+                                f.get_uint(arch + ".attention.sliding_window").value_or(0), uint64_t{1} << 40)),
+                            c.max_seq);
   const int64_t pairs = c.rotary_dims() / 2;
   const auto* long_factors = rope_factor_tensor(f, "rope_factors_long.weight", pairs);
   const auto* short_factors = rope_factor_tensor(f, "rope_factors_short.weight", pairs);
   if (!long_factors && !short_factors) return;
   if (!long_factors || !short_factors)
-    fail(Errc::format, "[gguf] {}: one of rope_factors_long.weight and rope_factors_short.weight is missing", f.source());
+    fail(Errc::format, "[gguf] {}: one of rope_factors_long.weight and rope_factors_short.weight is missing",
+         f.source());
   RopeScaling& s = c.rope_scaling;
   s.kind = RopeScaling::Kind::longrope;
   s.long_factor = f.dequantize(*long_factors);
@@ -124,7 +131,9 @@ void write_hf(const ModelConfig& c, nlohmann::json& hf) {
   const RopeScaling& s = c.rope_scaling;
   if (s.kind != RopeScaling::Kind::longrope) return;
   hf["original_max_position_embeddings"] = s.original_max_position;
-  hf["rope_scaling"] = {{"type", "longrope"}, {"short_factor", s.short_factor}, {"long_factor", s.long_factor},
+  hf["rope_scaling"] = {{"type", "longrope"},
+                        {"short_factor", s.short_factor},
+                        {"long_factor", s.long_factor},
                         {"attention_factor", s.attention_factor}};
 }
 
@@ -134,8 +143,9 @@ ModelDesc describe(const ModelConfig& c, std::string_view source) {
   // LongRoPE scales cos and sin by the attention factor, that is q and k on the rotated dimensions: with every
   // dimension rotated that is the scores times its square, which the scale takes. Not so with partial rotary.
   if (attention_factor != 1.0 && c.rotary_dims() != c.head_dim)
-    fail(Errc::unsupported, "[load_model] {}: LongRoPE with partial rotary (rope_dims {} of head_dim {}) is not supported",
-         source, c.rotary_dims(), c.head_dim);
+    fail(Errc::unsupported,
+         "[load_model] {}: LongRoPE with partial rotary (rope_dims {} of head_dim {}) is not supported", source,
+         c.rotary_dims(), c.head_dim);
   ModelDesc d;
   d.rope_style = c.rope_style;
   d.norm_eps = c.norm_eps;
@@ -144,7 +154,8 @@ ModelDesc describe(const ModelConfig& c, std::string_view source) {
     LayerDesc layer;
     layer.tensors = kTensors;
     layer.ops = kOps;
-    layer.attention.scale = static_cast<float>(attention_factor * attention_factor / std::sqrt(static_cast<double>(c.head_dim)));
+    layer.attention.scale =
+        static_cast<float>(attention_factor * attention_factor / std::sqrt(static_cast<double>(c.head_dim)));
     layer.attention.window = c.sliding_window;
     layer.attention.rope_dims = c.rotary_dims();
     d.layers.push_back(std::move(layer));
