@@ -105,9 +105,13 @@ void write_hf(const ModelConfig& c, nlohmann::json& hf) {
   hf["head_dim"] = c.head_dim;
   hf["hidden_activation"] = "gelu_pytorch_tanh";
   hf.erase("hidden_act");
-  // The scalar back from its scale: an integer in every Gemma config, so round off the f32 rounding.
+  // The scalar back from its scale: an integer in every Gemma config (and HF's Gemma configs type it int), so round
+  // off the f32 rounding.
   const double scalar = 1.0 / (static_cast<double>(c.attn_scale) * c.attn_scale);
-  hf["query_pre_attn_scalar"] = std::abs(scalar - std::round(scalar)) < 1e-4 * scalar ? std::round(scalar) : scalar;
+  if (std::abs(scalar - std::round(scalar)) < 1e-4 * scalar)
+    hf["query_pre_attn_scalar"] = static_cast<int64_t>(std::round(scalar));
+  else
+    hf["query_pre_attn_scalar"] = scalar;
   hf["sliding_window"] = c.sliding_window;
   nlohmann::json types = nlohmann::json::array();
   for (int64_t l = 0; l < c.n_layers; ++l) types.push_back(c.is_sliding(l) ? "sliding_attention" : "full_attention");
