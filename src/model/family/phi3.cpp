@@ -126,6 +126,8 @@ void parse_gguf(const io::GgufFile& f, const std::string& arch, ModelConfig& c) 
 
 void write_hf(const ModelConfig& c, nlohmann::json& hf) {
   hf["hidden_act"] = "silu";
+  // HF's Phi3Config defaults pad_token_id to 32000, which a smaller vocabulary refuses; lowbit keeps no pad id.
+  hf["pad_token_id"] = nullptr;
   hf["sliding_window"] = c.sliding_window > 0 ? nlohmann::json(c.sliding_window) : nlohmann::json();
   if (c.rope_dims > 0) hf["partial_rotary_factor"] = static_cast<double>(c.rope_dims) / static_cast<double>(c.head_dim);
   const RopeScaling& s = c.rope_scaling;
@@ -134,6 +136,7 @@ void write_hf(const ModelConfig& c, nlohmann::json& hf) {
   hf["rope_scaling"] = {{"type", "longrope"},
                         {"short_factor", s.short_factor},
                         {"long_factor", s.long_factor},
+                        {"factor", s.factor},
                         {"attention_factor", s.attention_factor}};
 }
 
