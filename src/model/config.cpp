@@ -46,17 +46,39 @@ void validate_config(const ModelConfig& c, std::string_view source) {
       (!(s.high_freq_factor > s.low_freq_factor) || !(s.low_freq_factor > 0) || s.original_max_position <= 0))
     fail(Errc::format, "[load_model] {}: rope_scaling needs 0 < low_freq_factor < high_freq_factor and a positive "
          "original_max_position_embeddings", source);
+  if (c.rope_dims < 0 || c.rope_dims > c.head_dim || c.rope_dims % 2 != 0)
+    fail(Errc::format, "[load_model] {}: rope_dims {} is not an even number up to head_dim {}", source, c.rope_dims,
+         c.head_dim);
+  if (s.kind == RopeScaling::Kind::longrope &&
+      (static_cast<int64_t>(s.short_factor.size()) * 2 != c.rotary_dims() ||
+       static_cast<int64_t>(s.long_factor.size()) * 2 != c.rotary_dims() || s.original_max_position <= 0))
+    fail(Errc::format, "[load_model] {}: rope_scaling longrope needs short_factor and long_factor of {} values and a "
+         "positive original_max_position_embeddings", source, c.rotary_dims() / 2);
   if (c.sliding_window < 0) fail(Errc::format, "[load_model] {}: sliding_window {} is negative", source, c.sliding_window);
+  if (!c.sliding_layers.empty() && static_cast<int64_t>(c.sliding_layers.size()) != c.n_layers)
+    fail(Errc::format, "[load_model] {}: {} layer types for {} layers", source, c.sliding_layers.size(), c.n_layers);
+  if (c.rope_local_theta < 0 || !std::isfinite(c.rope_local_theta))
+    fail(Errc::format, "[load_model] {}: local rope_theta {} is not positive", source, c.rope_local_theta);
+  for (const auto& [value, field] : {std::pair{c.attn_scale, "attention scale"}, {c.attn_softcap, "attn_logit_softcapping"},
+                                     {c.final_softcap, "final_logit_softcapping"}})
+    if (!(value >= 0) || !std::isfinite(value))
+      fail(Errc::format, "[load_model] {}: {} {} is not a finite non-negative number", source, field, value);
   for (int32_t id : c.eos_ids)
     if (id < 0 || id >= c.vocab) fail(Errc::format, "[load_model] {}: eos id {} outside the vocabulary", source, id);
 }
 
-std::vector<float> rope_inv_freq(const ModelConfig& c) {
-  const int64_t half = c.head_dim / 2;
+std::vector<float> rope_inv_freq(double theta, int64_t dims, const RopeScaling& s, int64_t context) {
+  const int64_t half = dims / 2;
+  const bool longrope = s.kind == RopeScaling::Kind::longrope;
+  const std::vector<float>& ext = context > s.original_max_position ? s.long_factor : s.short_factor;
+  if (longrope && static_cast<int64_t>(ext.size()) != half)
+    fail(Errc::internal, "[rope] longrope has {} factors for {} rotated dimensions", ext.size(), dims);
   std::vector<float> inv(static_cast<size_t>(half));
-  for (int64_t j = 0; j < half; ++j)
-    inv[j] = 1.0f / std::pow(static_cast<float>(c.rope_theta), static_cast<float>(2 * j) / static_cast<float>(c.head_dim));
-  const auto& s = c.rope_scaling;
+  for (int64_t j = 0; j < half; ++j) {
+    const float base = std::pow(static_cast<float>(theta), static_cast<float>(2 * j) / static_cast<float>(dims));
+    // HF's _compute_longrope_parameters: 1 / (ext * base^(2j/dims)), in that order.
+    inv[j] = 1.0f / (longrope ? ext[j] * base : base);
+  }
   const float factor = static_cast<float>(s.factor);
   if (s.kind == RopeScaling::Kind::linear) {
     for (float& f : inv) f /= factor;
@@ -77,6 +99,10 @@ std::vector<float> rope_inv_freq(const ModelConfig& c) {
     }
   }
   return inv;
+}
+
+std::vector<float> rope_inv_freq(const ModelConfig& c) {
+  return rope_inv_freq(c.rope_theta, c.rotary_dims(), c.rope_scaling, c.max_seq);
 }
 
 }  // namespace lowbit::model

@@ -21,10 +21,14 @@ extern const Family kLlamaFamily;
 extern const Family kMistralFamily;
 extern const Family kQwen2Family;
 extern const Family kQwen3Family;
+extern const Family kGemma2Family;
+extern const Family kGemma3Family;
+extern const Family kPhi3Family;
 
 namespace {
 
-constexpr std::array<const Family*, 4> kFamilies{&kLlamaFamily, &kMistralFamily, &kQwen2Family, &kQwen3Family};
+constexpr std::array<const Family*, 7> kFamilies{&kLlamaFamily, &kMistralFamily, &kQwen2Family, &kQwen3Family,
+                                                 &kGemma2Family, &kGemma3Family, &kPhi3Family};
 
 constexpr std::string_view kHfLayerPrefix = "model.layers.";
 constexpr std::string_view kGgufLayerPrefix = "blk.";

@@ -13,18 +13,39 @@
 namespace lowbit::model {
 namespace {
 
-// GGUF tensor names -> the HF names the Model uses: the tensors outside the layers, then every layer tensor of
-// the description under its spec's GGUF name.
-std::unordered_map<std::string, std::string> hf_names(const ModelDesc& d) {
-  std::unordered_map<std::string, std::string> names{{"token_embd.weight", std::string(kEmbedTensor)},
-                                                     {"output_norm.weight", std::string(kFinalNormTensor)},
-                                                     {"output_norm.bias", std::string(kFinalNormBiasTensor)},
-                                                     {"output.weight", std::string(kLmHeadTensor)}};
-  for (size_t l = 0; l < d.layers.size(); ++l)
-    for (const TensorSpec& t : d.layers[l].tensors)
-      names.emplace(gguf_tensor_name(static_cast<int64_t>(l), t), hf_tensor_name(static_cast<int64_t>(l), t));
+// Where a GGUF tensor goes: its HF name, and whether it is a (1 + w) norm gain, which llama.cpp's converter
+// stores as 1 + w (conversion/gemma.py, norm_shift) and the description's NormKind::rms_unit_offset takes as w.
+struct GgufTarget {
+  std::string hf;
+  bool unit_offset_gain = false;
+};
+
+bool is_norm_gain(const LayerDesc& layer, Role r) {
+  if (r == Role::q_norm || r == Role::k_norm) return true;
+  return std::any_of(layer.ops.begin(), layer.ops.end(),
+                     [&](const Op& op) { return op.kind == Op::Kind::norm && op.weight == r; });
+}
+
+// GGUF tensor names -> where they go: the tensors outside the layers, then every layer tensor of the description
+// under its spec's GGUF name.
+std::unordered_map<std::string, GgufTarget> targets(const ModelDesc& d) {
+  const bool unit_final = d.final_norm == NormKind::rms_unit_offset;
+  std::unordered_map<std::string, GgufTarget> names{{"token_embd.weight", {std::string(kEmbedTensor)}},
+                                                    {"output_norm.weight", {std::string(kFinalNormTensor), unit_final}},
+                                                    {"output_norm.bias", {std::string(kFinalNormBiasTensor)}},
+                                                    {"output.weight", {std::string(kLmHeadTensor)}}};
+  for (size_t l = 0; l < d.layers.size(); ++l) {
+    const LayerDesc& layer = d.layers[l];
+    for (const TensorSpec& t : layer.tensors)
+      names.emplace(gguf_tensor_name(static_cast<int64_t>(l), t),
+                    GgufTarget{hf_tensor_name(static_cast<int64_t>(l), t),
+                               layer.norm == NormKind::rms_unit_offset && is_norm_gain(layer, t.role)});
+  }
   return names;
 }
+
+// Tensors the config was read from (config.rope_scaling): llama3's rope_freqs, phi3's LongRoPE factors.
+constexpr std::string_view kRopeTensors[] = {"rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"};
 
 std::optional<int32_t> token_id_key(const io::GgufFile& f, const std::string& key, size_t n_tokens) {
   const auto v = f.get_uint(key);
@@ -34,9 +55,9 @@ std::optional<int32_t> token_id_key(const io::GgufFile& f, const std::string& ke
   return static_cast<int32_t>(*v);
 }
 
-constexpr int32_t kTokenControl = 3, kTokenUserDefined = 4;
+constexpr int32_t kTokenUnknown = 2, kTokenControl = 3, kTokenUserDefined = 4;
 constexpr std::string_view kEndTokens[] = {"<|im_end|>", "<|eot_id|>", "<|endoftext|>", "<|end_of_text|>",
-                                           "<|eom_id|>"};
+                                           "<|eom_id|>", "<end_of_turn>", "<|end|>"};
 
 // eos, eot and eom ids, and the control tokens that end a turn in the vocabularies we know.
 std::vector<int32_t> end_ids(const io::GgufFile& f, const std::vector<std::string>& tokens,
@@ -88,9 +109,15 @@ std::unique_ptr<Tokenizer> llama_tokenizer(const io::GgufFile& f, const std::vec
   pieces.reserve(tokens.size());
   for (size_t id = 0; id < tokens.size(); ++id)
     pieces.push_back({tokens[id], static_cast<float>(scores[id]), static_cast<int32_t>(types[id])});
+  // Gemma's vocabulary types its <unk> as a control token and names it in unknown_token_id (llama.cpp goes by the
+  // id); SentencePiece needs the piece typed unknown.
+  if (const auto unk = token_id_key(f, "tokenizer.ggml.unknown_token_id", tokens.size());
+      unk && pieces[*unk].type == kTokenControl)
+    pieces[*unk].type = kTokenUnknown;
   const auto bos = token_id_key(f, "tokenizer.ggml.bos_token_id", tokens.size());
   const bool add_bos = f.get_bool("tokenizer.ggml.add_bos_token").value_or(true);
-  return make_sentencepiece(pieces, bos, end_ids(f, tokens, types), add_bos, f.source());
+  const bool add_space_prefix = f.get_bool("tokenizer.ggml.add_space_prefix").value_or(true);
+  return make_sentencepiece(pieces, bos, end_ids(f, tokens, types), add_bos, f.source(), add_space_prefix);
 }
 
 }  // namespace
@@ -105,7 +132,7 @@ std::unique_ptr<Model> load_gguf_model(const std::filesystem::path& path, const 
   const auto file = io::GgufFile::open(path);
   ModelConfig c = parse_gguf_config(file);
   const ModelDesc desc = describe_model(c, file.source());
-  const auto names = hf_names(desc);
+  const auto names = targets(desc);
   // Every layer tensor of the description, for each of block_count layers, must be in the file; a missing one
   // means a layer short of block_count (the file's other tensors are checked as they are added below).
   for (size_t l = 0; l < desc.layers.size(); ++l)
@@ -116,12 +143,15 @@ std::unique_ptr<Model> load_gguf_model(const std::filesystem::path& path, const 
   if (options.max_seq) c.max_seq = std::min(c.max_seq, *options.max_seq);
   ModelBuilder b;
   for (const auto& t : file.header().tensors) {
-    if (t.name == "rope_freqs.weight") continue;  // read into config.rope_scaling
+    if (std::find(std::begin(kRopeTensors), std::end(kRopeTensors), t.name) != std::end(kRopeTensors)) continue;
     const auto it = names.find(t.name);
     if (it == names.end())
       fail(Errc::format, "[gguf] {}: tensor '{}' has no place in a {} model of {} layers (block_count)", file.source(),
            t.name, c.arch, c.n_layers);
-    b.add_f32(it->second, t.shape(), file.dequantize(t));
+    std::vector<float> values = file.dequantize(t);
+    if (it->second.unit_offset_gain)
+      for (float& v : values) v -= 1.0f;
+    b.add_f32(it->second.hf, t.shape(), std::move(values));
   }
   return b.finish(c, file.source());
 }

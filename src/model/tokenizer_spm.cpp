@@ -11,19 +11,36 @@
 namespace lowbit::model {
 namespace {
 
-constexpr int32_t kTypeUnknown = 2, kTypeControl = 3, kTypeByte = 6;
+constexpr int32_t kTypeUnknown = 2, kTypeControl = 3, kTypeUserDefined = 4, kTypeByte = 6;
+
+// What a SentencePieceProcessor does not tell: which pieces are user-defined (libsentencepiece has no
+// IsUserDefined) and whether text gets a space in front.
+struct SpmOptions {
+  std::vector<int32_t> user_defined;
+  bool add_space_prefix = true;
+};
 
 class SpmTokenizer final : public Tokenizer {
  public:
+  // options.add_space_prefix: whether a space goes before the text (before each run of text after a special
+  // token), as SentencePiece's add_dummy_prefix and llama.cpp's tokenizer.ggml.add_space_prefix say (Gemma: no).
   SpmTokenizer(std::unique_ptr<sentencepiece::SentencePieceProcessor> sp, std::optional<int32_t> bos,
-               std::vector<int32_t> eos, bool add_bos)
-      : sp_(std::move(sp)), bos_(bos), eos_(std::move(eos)), add_bos_(add_bos) {
+               std::vector<int32_t> eos, bool add_bos, const SpmOptions& options)
+      : sp_(std::move(sp)), bos_(bos), eos_(std::move(eos)), add_bos_(add_bos),
+        add_space_prefix_(options.add_space_prefix) {
     const int n = sp_->GetPieceSize();
     texts_.resize(static_cast<size_t>(n));
+    // User-defined pieces are matched in the raw text before SentencePiece sees it, whether special tokens are
+    // parsed or not (llama.cpp's tokenizer_st_partition, HF's added tokens): Gemma's runs of newlines, spaces and
+    // tabs and its HTML tags, which SentencePiece would never match once it has escaped the spaces.
+    for (int32_t id : options.user_defined) {
+      special_.add(sp_->IdToPiece(id), id);
+      user_defined_.add(sp_->IdToPiece(id), id);
+    }
     for (int id = 0; id < n; ++id) {
       const std::string& piece = sp_->IdToPiece(id);
       if (sp_->IsControl(id)) {
-        control_.add(piece, id);
+        special_.add(piece, id);
       } else if (sp_->IsByte(id)) {
         texts_[id] = std::string(1, static_cast<char>(std::stoi(piece.substr(3, 2), nullptr, 16)));
       } else {
@@ -39,8 +56,7 @@ class SpmTokenizer final : public Tokenizer {
       for (int id : sp_->EncodeAsIds(segment)) ids.push_back(id);
     };
     auto on_token = [&](int32_t id) { ids.push_back(id); };
-    if (parse_special) control_.split(text, on_text, on_token);
-    else on_text(text);
+    (parse_special ? special_ : user_defined_).split(text, on_text, on_token);
     return ids;
   }
 
@@ -51,7 +67,8 @@ class SpmTokenizer final : public Tokenizer {
   // The dummy-prefix space of a stream's first piece (at the start or right after BOS) is not part of the text.
   std::string token_text_after(int32_t prev, int32_t id) const override {
     std::string text = token_text(id);
-    if ((prev < 0 || prev == bos_) && !text.empty() && text[0] == ' ' && !sp_->IsByte(id)) text.erase(0, 1);
+    if (add_space_prefix_ && (prev < 0 || prev == bos_) && !text.empty() && text[0] == ' ' && !sp_->IsByte(id))
+      text.erase(0, 1);
     return text;
   }
   int32_t vocab_size() const override { return static_cast<int32_t>(texts_.size()); }
@@ -82,8 +99,10 @@ class SpmTokenizer final : public Tokenizer {
   std::optional<int32_t> bos_;
   std::vector<int32_t> eos_;
   bool add_bos_;
+  bool add_space_prefix_;
   std::vector<std::string> texts_;
-  detail::LiteralMatcher control_;
+  detail::LiteralMatcher special_;       // control and user-defined pieces
+  detail::LiteralMatcher user_defined_;
 };
 
 std::optional<int32_t> positive(int id) { return id >= 0 ? std::optional<int32_t>(id) : std::nullopt; }
@@ -123,7 +142,7 @@ class ProtoWriter {
 // sentencepiece_model.proto: ModelProto{pieces=1, trainer_spec=2, normalizer_spec=3};
 // SentencePiece{piece=1, score=2, type=3}; TrainerSpec{model_type=3 (BPE=2), vocab_size=4, byte_fallback=35};
 // NormalizerSpec{name=1, add_dummy_prefix=3, remove_extra_whitespaces=4, escape_whitespaces=5}.
-std::string model_proto(const std::vector<SpmPiece>& pieces) {
+std::string model_proto(const std::vector<SpmPiece>& pieces, bool add_space_prefix) {
   ProtoWriter model;
   bool has_bytes = false;
   for (const auto& p : pieces) {
@@ -141,7 +160,7 @@ std::string model_proto(const std::vector<SpmPiece>& pieces) {
   model.bytes_field(2, trainer.bytes());
   ProtoWriter normalizer;
   normalizer.bytes_field(1, "identity");
-  normalizer.varint_field(3, 1);
+  normalizer.varint_field(3, add_space_prefix ? 1 : 0);
   normalizer.varint_field(4, 0);
   normalizer.varint_field(5, 1);
   model.bytes_field(3, normalizer.bytes());
@@ -158,11 +177,12 @@ std::unique_ptr<Tokenizer> load_sentencepiece(const std::filesystem::path& model
   const auto bos = positive(sp->bos_id());
   const auto eos = positive(sp->eos_id());
   return std::make_unique<SpmTokenizer>(std::move(sp), bos, eos ? std::vector<int32_t>{*eos} : std::vector<int32_t>{},
-                                        bos.has_value());
+                                        bos.has_value(), SpmOptions{});
 }
 
 std::unique_ptr<Tokenizer> make_sentencepiece(const std::vector<SpmPiece>& pieces, std::optional<int32_t> bos,
-                                              std::vector<int32_t> eos, bool add_bos, std::string_view source) {
+                                              std::vector<int32_t> eos, bool add_bos, std::string_view source,
+                                              bool add_space_prefix) {
   bool has_unknown = false;
   for (const auto& p : pieces) {
     if (p.type < 1 || p.type > 6) fail(Errc::format, "[tokenizer] {}: piece '{}' has type {}", source, p.piece, p.type);
@@ -172,13 +192,16 @@ std::unique_ptr<Tokenizer> make_sentencepiece(const std::vector<SpmPiece>& piece
   }
   if (!has_unknown) fail(Errc::format, "[tokenizer] {}: no unknown-token piece", source);
   auto sp = std::make_unique<sentencepiece::SentencePieceProcessor>();
-  const auto status = sp->LoadFromSerializedProto(model_proto(pieces));
+  const auto status = sp->LoadFromSerializedProto(model_proto(pieces, add_space_prefix));
   if (!status.ok()) fail(Errc::format, "[tokenizer] {}: sentencepiece rejects the vocabulary: {}", source, status.ToString());
   for (int32_t id : eos)
     if (id < 0 || static_cast<size_t>(id) >= pieces.size()) fail(Errc::format, "[tokenizer] {}: eos id {} out of range", source, id);
   if (bos && (*bos < 0 || static_cast<size_t>(*bos) >= pieces.size()))
     fail(Errc::format, "[tokenizer] {}: bos id {} out of range", source, *bos);
-  return std::make_unique<SpmTokenizer>(std::move(sp), bos, std::move(eos), add_bos && bos.has_value());
+  SpmOptions options{{}, add_space_prefix};
+  for (size_t id = 0; id < pieces.size(); ++id)
+    if (pieces[id].type == kTypeUserDefined) options.user_defined.push_back(static_cast<int32_t>(id));
+  return std::make_unique<SpmTokenizer>(std::move(sp), bos, std::move(eos), add_bos && bos.has_value(), options);
 }
 
 }  // namespace lowbit::model

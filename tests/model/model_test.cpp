@@ -133,7 +133,9 @@ TEST(Config, Llama3RopeScalingKeepsHighAndScalesLowFrequencies) {
   c.head_dim = 128;
   c.rope_theta = 500000;
   const auto plain = rope_inv_freq(c);
-  c.rope_scaling = {RopeScaling::Kind::llama3, 8.0, 1.0, 4.0, 8192};
+  c.rope_scaling.kind = RopeScaling::Kind::llama3;
+  c.rope_scaling.factor = 8.0;
+  c.rope_scaling.original_max_position = 8192;  // low_freq_factor 1, high_freq_factor 4: the defaults
   const auto scaled = rope_inv_freq(c);
   EXPECT_EQ(scaled.front(), plain.front());                       // wavelength 2*pi: untouched
   EXPECT_FLOAT_EQ(scaled.back(), plain.back() / 8.0f);            // longest wavelength: divided by factor

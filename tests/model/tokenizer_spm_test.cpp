@@ -79,6 +79,20 @@ TEST(SentencePiece, RebuiltFromPiecesMatchesTheModelFile) {
   EXPECT_EQ(tok->encode("x", true).front(), 1);
 }
 
+// Gemma's GGUF vocabulary in small: no space prefix, and user-defined pieces (runs of newlines and spaces, HTML
+// tags) matched in the raw text, special tokens parsed or not, as llama.cpp does. Scores make "ab" and "▁b" merge.
+TEST(SentencePiece, UserDefinedPiecesAndNoSpacePrefix) {
+  const std::vector<SpmPiece> pieces = {{"<unk>", 0, 2}, {"<bos>", 0, 3}, {"\n\n", 0, 4}, {"  ", 0, 4},
+                                        {"<b>", 0, 4},   {"a", -1, 1},    {"b", -1, 1},    {"ab", -0.5f, 1},
+                                        {"\xE2\x96\x81", -1, 1}, {"\xE2\x96\x81" "b", -0.5f, 1}};
+  auto gemma = make_sentencepiece(pieces, 1, {}, true, "test", false);
+  for (bool special : {false, true})
+    EXPECT_EQ(gemma->encode("ab\n\nab  b<b>a b", true, special), (std::vector<int32_t>{1, 7, 2, 7, 3, 6, 4, 5, 9}));
+  EXPECT_EQ(gemma->token_text_after(1, 9), " b");  // no dummy prefix to drop
+  auto llama = make_sentencepiece(pieces, 1, {}, true, "test");
+  EXPECT_EQ(llama->encode("ab", false), (std::vector<int32_t>{8, 7}));  // "▁ab": the dummy prefix
+}
+
 TEST(SentencePiece, RejectsVocabularyWithoutUnknownPiece) {
   try {
     make_sentencepiece({{"a", 0, 1}, {"b", 0, 1}}, std::nullopt, {}, false, "test");

@@ -62,9 +62,12 @@ struct SpmPiece {
 // A SentencePiece model file (tokenizer.model), through libsentencepiece.
 std::unique_ptr<Tokenizer> load_sentencepiece(const std::filesystem::path& model_file);
 // A SentencePiece BPE model rebuilt from a vocabulary (GGUF "llama" tokenizers): pieces merge by score,
-// "▁" marks spaces, a dummy space prefix is added, bytes fall back to <0xXX> pieces.
+// "▁" marks spaces, a dummy space prefix is added unless add_space_prefix is false (GGUF
+// tokenizer.ggml.add_space_prefix; Gemma), bytes fall back to <0xXX> pieces, user-defined pieces are matched in
+// the raw text first.
 std::unique_ptr<Tokenizer> make_sentencepiece(const std::vector<SpmPiece>& pieces, std::optional<int32_t> bos,
-                                              std::vector<int32_t> eos, bool add_bos, std::string_view source);
+                                              std::vector<int32_t> eos, bool add_bos, std::string_view source,
+                                              bool add_space_prefix = true);
 
 // The chat template string beside a tokenizer (tokenizer_config.json "chat_template"), if any.
 std::optional<std::string> read_chat_template(const std::filesystem::path& tokenizer_config_json);
