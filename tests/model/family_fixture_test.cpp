@@ -16,88 +16,47 @@
 #include <vector>
 
 #include "lowbit/core/thread_pool.h"
-#include "lowbit/io/safetensors.h"
 #include "lowbit/model/family.h"
 #include "lowbit/model/hf.h"
 #include "lowbit/model/model.h"
+#include "model/family_fixtures.h"
 
 namespace lowbit::model {
 namespace {
 
 namespace fs = std::filesystem;
-
-const fs::path kFamilies = fs::path(LOWBIT_SOURCE_DIR) / "tests/model/fixtures/families";
-constexpr double kTolerance = 1e-4;
-
-std::vector<std::string> family_dirs() {
-  std::vector<std::string> names;
-  if (fs::is_directory(kFamilies))
-    for (const auto& e : fs::directory_iterator(kFamilies))
-      if (e.is_directory()) names.push_back(e.path().filename().string());
-  std::sort(names.begin(), names.end());
-  return names;
-}
-
-template <class T>
-std::vector<T> values(const io::SafetensorsFile& f, std::string_view name, DType dtype) {
-  const TensorView v = f.tensor(name);
-  EXPECT_EQ(v.dtype, dtype) << name;
-  return {v.as<T>(), v.as<T>() + v.bytes.size() / sizeof(T)};
-}
-
-struct Expected {
-  std::vector<int32_t> tokens, greedy;
-  std::vector<float> logits;  // [tokens, vocab]
-};
-
-Expected read_expected(const fs::path& file) {
-  const auto f = io::SafetensorsFile::open(file);
-  return {values<int32_t>(f, "tokens", DType::I32), values<int32_t>(f, "greedy", DType::I32),
-          values<float>(f, "logits", DType::F32)};
-}
-
-// max |a - b| / max |b|
-double relative_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  double diff = 0, scale = 0;
-  for (size_t i = 0; i < b.size(); ++i) {
-    diff = std::max(diff, std::abs(static_cast<double>(a[i]) - b[i]));
-    scale = std::max(scale, std::abs(static_cast<double>(b[i])));
-  }
-  return diff / scale;
-}
-
-int32_t argmax(std::span<const float> logits) {
-  return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-}
+using testing::FamilyExpected;
+using testing::kFamilyFixtures;
+using testing::kFamilyTolerance;
 
 // Prefill of every token (the batched path), then greedy decoding one token at a time (the decode path, with
 // the KV cache and, past the window, the sliding window).
-void check_model(const Model& m, const Expected& e, const std::string& what) {
+void check_model(const Model& m, const FamilyExpected& e, const std::string& what) {
   ThreadPool pool(2);
   const int64_t vocab = m.config.vocab;
   ASSERT_EQ(e.logits.size(), e.tokens.size() * static_cast<size_t>(vocab)) << what;
   KvCache cache(m.config, m.config.max_seq);
   std::vector<float> logits(e.logits.size());
   forward(m, cache, e.tokens, 0, logits.data(), true, pool);
-  const double rel = relative_diff(logits, e.logits);
+  const double rel = testing::max_relative_diff(logits, e.logits);
   std::cout << "[ family   ] " << what << ": max |logit diff| / max |logit| = " << rel << "\n";
-  EXPECT_LE(rel, kTolerance) << what;
+  EXPECT_LE(rel, kFamilyTolerance) << what;
 
   std::vector<int32_t> greedy;
   std::vector<float> last(logits.end() - vocab, logits.end());
   for (size_t i = 0; i < e.greedy.size(); ++i) {
-    greedy.push_back(argmax(last));
+    greedy.push_back(testing::argmax_of(last));
     forward(m, cache, std::span(&greedy.back(), 1), static_cast<int64_t>(e.tokens.size() + i), last.data(), false,
             pool);
   }
   EXPECT_EQ(greedy, e.greedy) << what;
 }
 
-class FamilyFixture : public testing::TestWithParam<std::string> {};
+class FamilyFixture : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(FamilyFixture, MatchesTransformers) {
-  const fs::path dir = kFamilies / GetParam();
-  const Expected e = read_expected(dir / "expected.safetensors");
+  const fs::path dir = kFamilyFixtures / GetParam();
+  const FamilyExpected e = testing::family_expected_for(dir, false);
   // The context is exactly what the check uses: phi3's LongRoPE picks its short factors for a context within
   // original_max_position_embeddings, as transformers does for sequences that short.
   const LoadOptions options{static_cast<int64_t>(e.tokens.size() + e.greedy.size())};
@@ -112,16 +71,15 @@ TEST_P(FamilyFixture, MatchesTransformers) {
   check_model(*load_model(written, options), e, GetParam() + " (HF written back)");
   fs::remove_all(written);
   if (!fs::exists(dir / "model.gguf")) return;
-  const fs::path gguf_view = dir / "expected_gguf.safetensors";
-  check_model(*load_model(dir / "model.gguf", options), fs::exists(gguf_view) ? read_expected(gguf_view) : e,
+  check_model(*load_model(dir / "model.gguf", options), testing::family_expected_for(dir, true),
               GetParam() + " (GGUF)");
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, FamilyFixture, testing::ValuesIn(family_dirs()),
-                         [](const testing::TestParamInfo<std::string>& info) { return info.param; });
+INSTANTIATE_TEST_SUITE_P(Families, FamilyFixture, ::testing::ValuesIn(testing::family_fixture_dirs()),
+                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 
 TEST(FamilyFixtures, EveryFamilyHasOne) {
-  const std::vector<std::string> dirs = family_dirs();
+  const std::vector<std::string> dirs = testing::family_fixture_dirs();
   for (const Family* f : families())
     EXPECT_NE(std::find(dirs.begin(), dirs.end(), f->name), dirs.end()) << "no fixture for family " << f->name;
 }

@@ -1,0 +1,67 @@
+// Every model family on the GPU against Hugging Face transformers: each fixture of tests/model/fixtures/families/
+// (the same tiny models family_fixture_test.cpp runs on the CPU) through CudaModel: the prompt as prefill passes
+// of 7 positions (every position's logits), then greedy decode steps, logits within the CPU test's 1e-4 of
+// transformers' and greedy ids identical; the GGUF variant where the fixture has one. Skips without a device.
+#include <gtest/gtest.h>
+
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "lowbit/kernels/cuda.h"
+#include "lowbit/model/cuda_model.h"
+#include "lowbit/model/model.h"
+#include "model/family_fixtures.h"
+
+namespace lowbit::model {
+namespace {
+
+namespace fs = std::filesystem;
+
+void check_on_gpu(const Model& m, const testing::FamilyExpected& e, const std::string& what) {
+  const int64_t vocab = m.config.vocab, n = static_cast<int64_t>(e.tokens.size());
+  const TensorLookup lookup = [&m](const std::string& name) {
+    const NamedTensor* t = m.find(name);
+    return t ? &t->ref : nullptr;
+  };
+  CudaModel gpu(m.config, m.desc, lookup,
+                {.max_batch = 1, .prefill_rows = 7, .capacity = n + static_cast<int64_t>(e.greedy.size())});
+  std::vector<float> logits(e.logits.size(), std::nanf(""));
+  gpu.prefill(e.tokens, 0, 0, CudaModel::Logits::all, logits.data());
+  const double rel = testing::max_relative_diff(logits, e.logits);
+  std::cout << "[ family   ] " << what << " on the GPU: max |logit diff| / max |logit| = " << rel << "\n";
+  EXPECT_LE(rel, testing::kFamilyTolerance) << what;
+
+  std::vector<int32_t> greedy;
+  std::vector<float> last(logits.end() - vocab, logits.end());
+  for (size_t i = 0; i < e.greedy.size(); ++i) {
+    greedy.push_back(testing::argmax_of(last));
+    gpu.step(std::span(&greedy.back(), 1), std::vector{static_cast<int32_t>(n + i)}, std::vector<int32_t>{0});
+    gpu.download_logits(0, 1, last.data());
+  }
+  EXPECT_EQ(greedy, e.greedy) << what;
+}
+
+class CudaFamilyFixture : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (!kernels::cuda::device_available(&why)) GTEST_SKIP() << "no usable CUDA device: " << why;
+  }
+};
+
+TEST_P(CudaFamilyFixture, MatchesTransformers) {
+  const fs::path dir = testing::kFamilyFixtures / GetParam();
+  const testing::FamilyExpected e = testing::family_expected_for(dir, false);
+  const LoadOptions options{static_cast<int64_t>(e.tokens.size() + e.greedy.size())};
+  check_on_gpu(*load_model(dir, options), e, GetParam() + " (HF)");
+  if (fs::exists(dir / "model.gguf"))
+    check_on_gpu(*load_model(dir / "model.gguf", options), testing::family_expected_for(dir, true),
+                 GetParam() + " (GGUF)");
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, CudaFamilyFixture, ::testing::ValuesIn(testing::family_fixture_dirs()),
+                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
+
+}  // namespace
+}  // namespace lowbit::model
