@@ -217,6 +217,28 @@ TEST(Quantize, RecordsRoundTripThroughVerifyAndInspect) {
   EXPECT_EQ(shown["version"], artifact::kVersion);
 }
 
+// A calibrated, rotated run fills every optional part of the report (GPTQ methods, the fold, the calibration cache)
+// and the reader's schema accepts it; the fold's seed is the manifest's rotation seed.
+TEST(Quantize, CalibratedRotatedReportPassesTheSchema) {
+  std::optional<QuantizeOptions> o = testing::calibrated_stories260k("affine4", 128, 64);
+  if (!o) GTEST_SKIP() << "needs ../shared/models/stories260K and data/tinystories-valid-excerpt.txt";
+  TempDir tmp;
+  o->destination = tmp.path / "out";
+  o->calib_cache = tmp.path / "cache";
+  o->recipe.rotate = true;
+  o->seed = 5;
+  quantize(*o);
+  const auto art = artifact::Artifact::open(o->destination);
+  const nlohmann::json& q = art.quality()["quantize"];
+  EXPECT_EQ(q["fold"]["seed"], 5);
+  EXPECT_EQ(art.provenance().seeds.at("rotation"), 5u);
+  EXPECT_TRUE(q["calibration_cache"].is_object());
+  std::set<std::string> methods;
+  for (const auto& t : q["tensors"]) methods.insert(t["method"].get<std::string>());
+  EXPECT_TRUE(methods.contains("gptq")) << q["tensors"].dump();
+  EXPECT_EQ(art.recipe()["quantize"]["rotate"], true);
+}
+
 TEST(Quantize, RefusesAnExistingDestinationUnlessForced) {
   TempDir tmp;
   QuantizeOptions o;
