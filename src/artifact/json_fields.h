@@ -38,9 +38,9 @@ inline bool is_sha256_hex(std::string_view s) {
 class Fields {
  public:
   Fields(const json& object, std::string_view source, std::string where, std::string_view op = kManifestOp)
-      : kOp(op), object_(object), source_(source), where_(std::move(where)) {
+      : op_(op), object_(object), source_(source), where_(std::move(where)) {
     if (!object_.is_object())
-      fail(Errc::format, "{} {}: {}: must be a JSON object, got {}", kOp, source_, where_.empty() ? "the document" : where_,
+      fail(Errc::format, "{} {}: {}: must be a JSON object, got {}", op_, source_, where_.empty() ? "the document" : where_,
            io::json_kind(object_));
   }
 
@@ -54,23 +54,23 @@ class Fields {
 
   const json& required(std::string_view key) {
     const json* v = optional(key);
-    if (!v) fail(Errc::format, "{} {}: {}: required field is missing", kOp, source_, path(key));
+    if (!v) fail(Errc::format, "{} {}: {}: required field is missing", op_, source_, path(key));
     return *v;
   }
 
   std::string string(std::string_view key, size_t max_bytes) {
     const json& v = required(key);
-    if (!v.is_string()) fail(Errc::format, "{} {}: {}: must be a string", kOp, source_, path(key));
+    if (!v.is_string()) fail(Errc::format, "{} {}: {}: must be a string", op_, source_, path(key));
     std::string s = v.get<std::string>();
     if (s.size() > max_bytes)
-      fail(Errc::limit, "{} {}: {}: {} bytes, more than the limit {}", kOp, source_, path(key), s.size(), max_bytes);
+      fail(Errc::limit, "{} {}: {}: {} bytes, more than the limit {}", op_, source_, path(key), s.size(), max_bytes);
     return s;
   }
 
   // A printable name: non-empty, bounded, without control characters.
   std::string name(std::string_view key) {
     std::string s = string(key, kMaxNameBytes);
-    check_tensor_name(s, fmt::format("{} {}: {}", kOp, source_, path(key)));
+    check_tensor_name(s, fmt::format("{} {}: {}", op_, source_, path(key)));
     return s;
   }
 
@@ -78,27 +78,27 @@ class Fields {
     const json& v = required(key);
     if (v.is_number_unsigned()) return v.get<uint64_t>();
     if (v.is_number_integer() && v.get<int64_t>() >= 0) return static_cast<uint64_t>(v.get<int64_t>());
-    fail(Errc::format, "{} {}: {}: must be a non-negative integer", kOp, source_, path(key));
+    fail(Errc::format, "{} {}: {}: must be a non-negative integer", op_, source_, path(key));
   }
 
   std::string sha256(std::string_view key) {
     std::string s = string(key, 64);
     if (!is_sha256_hex(s))
-      fail(Errc::format, "{} {}: {}: must be 64 lowercase hex digits", kOp, source_, path(key));
+      fail(Errc::format, "{} {}: {}: must be 64 lowercase hex digits", op_, source_, path(key));
     return s;
   }
 
   const json& object(std::string_view key) {
     const json& v = required(key);
-    if (!v.is_object()) fail(Errc::format, "{} {}: {}: must be a JSON object", kOp, source_, path(key));
+    if (!v.is_object()) fail(Errc::format, "{} {}: {}: must be a JSON object", op_, source_, path(key));
     return v;
   }
 
   const json& array(std::string_view key, size_t max_items) {
     const json& v = required(key);
-    if (!v.is_array()) fail(Errc::format, "{} {}: {}: must be an array", kOp, source_, path(key));
+    if (!v.is_array()) fail(Errc::format, "{} {}: {}: must be an array", op_, source_, path(key));
     if (v.size() > max_items)
-      fail(Errc::limit, "{} {}: {}: {} entries, more than the limit {}", kOp, source_, path(key), v.size(),
+      fail(Errc::limit, "{} {}: {}: {} entries, more than the limit {}", op_, source_, path(key), v.size(),
            max_items);
     return v;
   }
@@ -108,33 +108,33 @@ class Fields {
     Shape shape;
     for (const json& d : v) {
       if (d.is_number_unsigned() && d.get<uint64_t>() > static_cast<uint64_t>(kMaxDim))
-        fail(Errc::limit, "{} {}: {}: dimension {} above the limit {}", kOp, source_, path(key), d.get<uint64_t>(),
+        fail(Errc::limit, "{} {}: {}: dimension {} above the limit {}", op_, source_, path(key), d.get<uint64_t>(),
              kMaxDim);
-      if (!d.is_number_integer()) fail(Errc::format, "{} {}: {}: dimensions must be integers", kOp, source_, path(key));
+      if (!d.is_number_integer()) fail(Errc::format, "{} {}: {}: dimensions must be integers", op_, source_, path(key));
       shape.push_back(d.get<int64_t>());
     }
-    checked_shape_numel(shape, fmt::format("{} {}: {}", kOp, source_, path(key)));
+    checked_shape_numel(shape, fmt::format("{} {}: {}", op_, source_, path(key)));
     return shape;
   }
 
   DType dtype(std::string_view key) {
     const std::string name = string(key, 16);
     const auto dt = parse_dtype(name);
-    if (!dt) fail(Errc::dtype, "{} {}: {}: unknown dtype '{}'", kOp, source_, path(key), name);
+    if (!dt) fail(Errc::dtype, "{} {}: {}: unknown dtype '{}'", op_, source_, path(key), name);
     return *dt;
   }
 
   double number(std::string_view key) {
     const json& v = required(key);
-    if (!v.is_number()) fail(Errc::format, "{} {}: {}: must be a number", kOp, source_, path(key));
+    if (!v.is_number()) fail(Errc::format, "{} {}: {}: must be a number", op_, source_, path(key));
     const double d = v.get<double>();
-    if (!std::isfinite(d)) fail(Errc::non_finite, "{} {}: {}: must be finite", kOp, source_, path(key));
+    if (!std::isfinite(d)) fail(Errc::non_finite, "{} {}: {}: must be finite", op_, source_, path(key));
     return d;
   }
 
   bool boolean(std::string_view key) {
     const json& v = required(key);
-    if (!v.is_boolean()) fail(Errc::format, "{} {}: {}: must be true or false", kOp, source_, path(key));
+    if (!v.is_boolean()) fail(Errc::format, "{} {}: {}: must be true or false", op_, source_, path(key));
     return v.get<bool>();
   }
 
@@ -142,17 +142,17 @@ class Fields {
   const json* nullable_object(std::string_view key) {
     const json& v = required(key);
     if (v.is_null()) return nullptr;
-    if (!v.is_object()) fail(Errc::format, "{} {}: {}: must be a JSON object or null", kOp, source_, path(key));
+    if (!v.is_object()) fail(Errc::format, "{} {}: {}: must be a JSON object or null", op_, source_, path(key));
     return &v;
   }
 
   void finish() const {
     for (const auto& [key, value] : object_.items())
-      if (!seen_.contains(key)) fail(Errc::format, "{} {}: {}: unknown field", kOp, source_, path(key));
+      if (!seen_.contains(key)) fail(Errc::format, "{} {}: {}: unknown field", op_, source_, path(key));
   }
 
  private:
-  std::string_view kOp;  // the error prefix: "[manifest]", "[verify]"
+  std::string_view op_;  // the error prefix: "[manifest]", "[verify]"
   const json& object_;
   std::string_view source_;
   std::string where_;

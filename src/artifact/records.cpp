@@ -25,7 +25,7 @@ json parse_record(std::string_view text, std::string_view source) {
   return io::parse_json(text, "verify", source);
 }
 
-// A restated fact must equal the manifest's or the codec's; `what` names the file and the field.
+// A restated fact must equal the manifest's or the codec's; `field` names it in the file `source`.
 template <typename T>
 void expect_equal(const T& stated, const T& actual, Errc code, std::string_view source, const std::string& field) {
   if (!(stated == actual))
@@ -39,7 +39,7 @@ uint64_t stored_bytes(const TensorEntry& t) {
   return bytes;
 }
 
-double bits_per_weight(uint64_t bytes, uint64_t weights) { return weights ? 8.0 * bytes / weights : 0.0; }
+double average_bits(uint64_t bytes, uint64_t weights) { return weights ? 8.0 * bytes / weights : 0.0; }
 
 const TensorEntry& named_tensor(Fields& f, const Manifest& m, std::string_view source, const std::string& field) {
   const std::string name = f.name("name");
@@ -116,7 +116,7 @@ void check_quantize_report(const json& report, const Manifest& m, uint64_t artif
   }
   expect_equal(f.unsigned_integer("weights"), weights, Errc::format, source, "quantize.weights");
   expect_equal(f.unsigned_integer("bytes"), bytes, Errc::size_mismatch, source, "quantize.bytes");
-  expect_equal(f.number("bits_per_weight"), bits_per_weight(bytes, weights), Errc::format, source,
+  expect_equal(f.number("bits_per_weight"), average_bits(bytes, weights), Errc::format, source,
                "quantize.bits_per_weight");
   const double linear = f.number("linear_bits_per_weight");
   if (linear < 0) fail(Errc::format, "{} {}: quantize.linear_bits_per_weight: must not be negative", kOp, source);

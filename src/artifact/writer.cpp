@@ -172,7 +172,7 @@ struct ArtifactWriter::Impl {
   bool committed = false;
   std::string recipe_text;  // as written to recipe.json, checked again at commit
 
-  uint64_t total_bytes() const {
+  uint64_t files_bytes() const {  // every file written so far, the manifest not included
     uint64_t total = 0;
     for (const FileEntry& f : manifest.files) total += f.size;
     return total;
@@ -361,8 +361,7 @@ const Manifest& ArtifactWriter::commit(const std::function<nlohmann::json(uint64
   if (quality) {
     // The record states the artifact's size, which includes the record and the manifest listing it: iterate until
     // the size stated is the size made (a digit more in the number may lengthen both).
-    uint64_t files = 0;
-    for (const FileEntry& f : w.manifest.files) files += f.size;
+    const uint64_t files = w.files_bytes();
     for (uint64_t stated = files, made = 0;; stated = made) {
       quality_text = quality(stated).dump(2) + "\n";
       Manifest trial = w.manifest;
@@ -376,7 +375,7 @@ const Manifest& ArtifactWriter::commit(const std::function<nlohmann::json(uint64
   const std::string text = w.manifest.serialize();
   // Never publish what a reader rejects.
   const Manifest written = Manifest::parse(text, fmt::format("{} (as written)", kManifestName));
-  if (quality) check_quality(quality_text, written, w.total_bytes() + text.size(), kQualityFileName);
+  if (quality) check_quality(quality_text, written, w.files_bytes() + text.size(), kQualityFileName);
   if (!w.recipe_text.empty()) check_recipe(w.recipe_text, written, kRecipeFileName);
   const fs::path path = w.staging / kManifestName;
   Fd out = create_exclusive(path);
