@@ -29,7 +29,8 @@ json parse_record(std::string_view text, std::string_view source) {
 template <typename T>
 void expect_equal(const T& stated, const T& actual, Errc code, std::string_view source, const std::string& field) {
   if (!(stated == actual))
-    fail(code, "{} {}: {}: states {}, the manifest says {}", kOp, source, field, json(stated).dump(), json(actual).dump());
+    fail(code, "{} {}: {}: states {}, the manifest and its codecs give {}", kOp, source, field, json(stated).dump(),
+         json(actual).dump());
 }
 
 uint64_t stored_bytes(const TensorEntry& t) {
