@@ -564,7 +564,7 @@ ForeignModel open(const fs::path& dir, const ForeignOpenOptions& options) {
     recipe["overlay_identity_sha256"] = b.manifest["provenance"]["overlay_identity_sha256"];
     recipe["provenance"] = b.manifest["provenance"];
   }
-  out.provenance.recipe = std::move(recipe);
+  out.recipe = std::move(recipe);
   out.keep_alive.push_back(std::make_shared<MappedFile>(std::move(b.payload)));
   return out;
 }
@@ -766,8 +766,8 @@ void export_bundle(const Artifact& art, const fs::path& out_path, const ExportOp
   if (!art.contains(kEmbedding))
     fail(Errc::unsupported, "[export] {}: no {}; audio8 bundles tie the head to the embedding", art.dir().string(),
          kEmbedding);
-  // Names a bundle's import recorded (the recipe is free-form: anything unexpected falls back to the defaults).
-  const json& recipe = art.provenance().recipe;
+  // Names a bundle's import recorded in recipe.json (checked when the artifact was opened).
+  const json recipe = art.recipe().is_object() ? art.recipe().value("import", json::object()) : json::object();
   const auto recorded = [&](const char* key) {
     const auto it = recipe.find(key);
     return it != recipe.end() && it->is_string() ? it->get<std::string>() : std::string();
@@ -775,7 +775,7 @@ void export_bundle(const Artifact& art, const fs::path& out_path, const ExportOp
   const bool from_bundle = recorded("source_format").starts_with("audio8-");
   const std::string weights_file = from_bundle && !recorded("weights_file").empty() ? recorded("weights_file")
                                                                                      : "weights.bin";
-  check_file_name(weights_file, "[export] provenance.recipe.weights_file");
+  check_file_name(weights_file, "[export] recipe.json: import.weights_file");
 
   std::vector<OutRecord> records;
   for (const std::string& name : art.tensor_names()) {

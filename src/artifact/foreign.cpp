@@ -68,6 +68,7 @@ void import_foreign(const ForeignModel& model, ArtifactWriter& out) {
   out.set_config(std::move(config));
   for (const ForeignFile& f : model.files) out.add_file(f.path, f.role);
   out.set_provenance(model.provenance);
+  out.set_recipe({{"import", model.recipe}});
 }
 
 }  // namespace lowbit::artifact

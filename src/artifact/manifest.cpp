@@ -7,134 +7,24 @@
 #include "lowbit/core/checked.h"
 #include "lowbit/core/error.h"
 #include "lowbit/io/json.h"
+#include "json_fields.h"
 
 namespace lowbit::artifact {
 
 namespace {
 
 using nlohmann::json;
+using detail::Fields;
+using detail::has_control_char;
+using detail::is_sha256_hex;
 
-constexpr std::string_view kOp = "[manifest]";
-
-bool has_control_char(std::string_view s) {
-  return std::any_of(s.begin(), s.end(), [](char c) {
-    const auto u = static_cast<unsigned char>(c);
-    return u < 0x20 || u == 0x7f;
-  });
-}
-
-bool is_sha256_hex(std::string_view s) {
-  return s.size() == 64 &&
-         std::all_of(s.begin(), s.end(), [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
-}
-
-// Strict reading of one JSON object of the manifest: typed getters whose errors name the file and the field, and
-// finish() rejecting keys that were not read.
-class Fields {
- public:
-  Fields(const json& object, std::string_view source, std::string where)
-      : object_(object), source_(source), where_(std::move(where)) {
-    if (!object_.is_object())
-      fail(Errc::format, "{} {}: {}: must be a JSON object, got {}", kOp, source_, where_.empty() ? "the document" : where_,
-           io::json_kind(object_));
-  }
-
-  std::string path(std::string_view key) const { return where_.empty() ? std::string(key) : where_ + "." + std::string(key); }
-
-  const json* optional(std::string_view key) {
-    seen_.emplace(key);
-    auto it = object_.find(std::string(key));
-    return it == object_.end() ? nullptr : &*it;
-  }
-
-  const json& required(std::string_view key) {
-    const json* v = optional(key);
-    if (!v) fail(Errc::format, "{} {}: {}: required field is missing", kOp, source_, path(key));
-    return *v;
-  }
-
-  std::string string(std::string_view key, size_t max_bytes) {
-    const json& v = required(key);
-    if (!v.is_string()) fail(Errc::format, "{} {}: {}: must be a string", kOp, source_, path(key));
-    std::string s = v.get<std::string>();
-    if (s.size() > max_bytes)
-      fail(Errc::limit, "{} {}: {}: {} bytes, more than the limit {}", kOp, source_, path(key), s.size(), max_bytes);
-    return s;
-  }
-
-  // A printable name: non-empty, bounded, without control characters.
-  std::string name(std::string_view key) {
-    std::string s = string(key, kMaxNameBytes);
-    check_tensor_name(s, fmt::format("{} {}: {}", kOp, source_, path(key)));
-    return s;
-  }
-
-  uint64_t unsigned_integer(std::string_view key) {
-    const json& v = required(key);
-    if (v.is_number_unsigned()) return v.get<uint64_t>();
-    if (v.is_number_integer() && v.get<int64_t>() >= 0) return static_cast<uint64_t>(v.get<int64_t>());
-    fail(Errc::format, "{} {}: {}: must be a non-negative integer", kOp, source_, path(key));
-  }
-
-  std::string sha256(std::string_view key) {
-    std::string s = string(key, 64);
-    if (!is_sha256_hex(s))
-      fail(Errc::format, "{} {}: {}: must be 64 lowercase hex digits", kOp, source_, path(key));
-    return s;
-  }
-
-  const json& object(std::string_view key) {
-    const json& v = required(key);
-    if (!v.is_object()) fail(Errc::format, "{} {}: {}: must be a JSON object", kOp, source_, path(key));
-    return v;
-  }
-
-  const json& array(std::string_view key, size_t max_items) {
-    const json& v = required(key);
-    if (!v.is_array()) fail(Errc::format, "{} {}: {}: must be an array", kOp, source_, path(key));
-    if (v.size() > max_items)
-      fail(Errc::limit, "{} {}: {}: {} entries, more than the limit {}", kOp, source_, path(key), v.size(),
-           max_items);
-    return v;
-  }
-
-  Shape shape(std::string_view key) {
-    const json& v = array(key, kMaxRank);
-    Shape shape;
-    for (const json& d : v) {
-      if (d.is_number_unsigned() && d.get<uint64_t>() > static_cast<uint64_t>(kMaxDim))
-        fail(Errc::limit, "{} {}: {}: dimension {} above the limit {}", kOp, source_, path(key), d.get<uint64_t>(),
-             kMaxDim);
-      if (!d.is_number_integer()) fail(Errc::format, "{} {}: {}: dimensions must be integers", kOp, source_, path(key));
-      shape.push_back(d.get<int64_t>());
-    }
-    checked_shape_numel(shape, fmt::format("{} {}: {}", kOp, source_, path(key)));
-    return shape;
-  }
-
-  DType dtype(std::string_view key) {
-    const std::string name = string(key, 16);
-    const auto dt = parse_dtype(name);
-    if (!dt) fail(Errc::dtype, "{} {}: {}: unknown dtype '{}'", kOp, source_, path(key), name);
-    return *dt;
-  }
-
-  void finish() const {
-    for (const auto& [key, value] : object_.items())
-      if (!seen_.contains(key)) fail(Errc::format, "{} {}: {}: unknown field", kOp, source_, path(key));
-  }
-
- private:
-  const json& object_;
-  std::string_view source_;
-  std::string where_;
-  std::set<std::string, std::less<>> seen_;
-};
+constexpr std::string_view kOp = detail::kManifestOp;
 
 std::string indexed(std::string_view list, size_t i) { return fmt::format("{}[{}]", list, i); }
 
 FileRole parse_role(std::string_view name, std::string_view source, std::string_view where) {
-  for (FileRole r : {FileRole::payload, FileRole::config, FileRole::tokenizer, FileRole::other})
+  for (FileRole r : {FileRole::payload, FileRole::config, FileRole::tokenizer, FileRole::quality, FileRole::recipe,
+                     FileRole::other})
     if (file_role_name(r) == name) return r;
   fail(Errc::format, "{} {}: {}.role: unknown file role '{}'", kOp, source, where, name);
 }
@@ -256,7 +146,8 @@ std::vector<TensorEntry> parse_tensors(Fields& root, std::string_view source, co
   return tensors;
 }
 
-Provenance parse_provenance(Fields& root, std::string_view source) {
+// Version 1's free-form `provenance.recipe` goes to `unverified`; version 2 has no such field.
+Provenance parse_provenance(Fields& root, std::string_view source, int64_t version, json& unverified) {
   Fields f(root.object("provenance"), source, "provenance");
   Provenance p;
   p.tool = f.name("tool");
@@ -270,7 +161,7 @@ Provenance parse_provenance(Fields& root, std::string_view source) {
     s.finish();
     p.sources.push_back(std::move(sf));
   }
-  p.recipe = f.object("recipe");
+  if (version == kLegacyVersion) unverified["provenance.recipe"] = f.object("recipe");
   const json& calibration = f.required("calibration_sha256");
   if (!calibration.is_null()) p.calibration_sha256 = f.sha256("calibration_sha256");
   const json& seeds = f.object("seeds");
@@ -296,6 +187,8 @@ std::string_view file_role_name(FileRole role) {
     case FileRole::payload: return "payload";
     case FileRole::config: return "config";
     case FileRole::tokenizer: return "tokenizer";
+    case FileRole::quality: return "quality";
+    case FileRole::recipe: return "recipe";
     case FileRole::other: return "other";
   }
   return "other";
@@ -344,22 +237,33 @@ Manifest Manifest::from_json(const json& doc, std::string_view source) {
          io::quote(format.get<std::string>()));
   const json& version = root.required("version");
   if (!version.is_number_integer()) fail(Errc::format, "{} {}: version: must be an integer", kOp, source);
-  if (!version.is_number_unsigned() || version.get<uint64_t>() != kVersion)
-    fail(Errc::version, "{} {}: version: {} is not supported (this reader knows version {})", kOp, source,
-         version.dump(), kVersion);
+  if (!version.is_number_unsigned() ||
+      (version.get<uint64_t>() != kVersion && version.get<uint64_t>() != kLegacyVersion))
+    fail(Errc::version, "{} {}: version: {} is not supported (this reader knows versions {} and {})", kOp, source,
+         version.dump(), kLegacyVersion, kVersion);
   Manifest m;
+  m.version = version.get<int64_t>();
   m.files = parse_files(root, source);
   m.tensors = parse_tensors(root, source, m.files);
   m.config = root.object("config");
-  m.provenance = parse_provenance(root, source);
-  if (const json* quality = root.optional("quality")) {
-    if (!quality->is_object()) fail(Errc::format, "{} {}: quality: must be a JSON object", kOp, source);
-    m.quality = *quality;
+  m.provenance = parse_provenance(root, source, m.version, m.unverified);
+  if (m.version == kLegacyVersion) {
+    if (const json* quality = root.optional("quality")) {
+      if (!quality->is_object()) fail(Errc::format, "{} {}: quality: must be a JSON object", kOp, source);
+      m.unverified["quality"] = *quality;
+    }
+  }
+  for (FileRole role : {FileRole::quality, FileRole::recipe}) {
+    if (m.version == kLegacyVersion && m.find_role(role))
+      fail(Errc::format, "{} {}: files: role '{}' needs version {}", kOp, source, file_role_name(role), kVersion);
+    if (std::count_if(m.files.begin(), m.files.end(), [&](const FileEntry& e) { return e.role == role; }) > 1)
+      fail(Errc::duplicate, "{} {}: files: more than one file of role '{}'", kOp, source, file_role_name(role));
   }
   root.finish();
   return m;
 }
 
+// Writes the current version only: a version 1 manifest's unverified fields are never written back.
 json Manifest::to_json() const {
   json tensors_json = json::array();
   for (const TensorEntry& t : tensors) {
@@ -386,10 +290,8 @@ json Manifest::to_json() const {
           {"provenance",
            {{"tool", provenance.tool},
             {"sources", std::move(sources_json)},
-            {"recipe", provenance.recipe},
             {"calibration_sha256", provenance.calibration_sha256 ? json(*provenance.calibration_sha256) : json()},
-            {"seeds", std::move(seeds_json)}}},
-          {"quality", quality}};
+            {"seeds", std::move(seeds_json)}}}};
 }
 
 std::string Manifest::serialize() const { return to_json().dump(2) + "\n"; }
@@ -397,6 +299,12 @@ std::string Manifest::serialize() const { return to_json().dump(2) + "\n"; }
 const TensorEntry* Manifest::find_tensor(std::string_view name) const {
   for (const TensorEntry& t : tensors)
     if (t.name == name) return &t;
+  return nullptr;
+}
+
+const FileEntry* Manifest::find_role(FileRole role) const {
+  for (const FileEntry& f : files)
+    if (f.role == role) return &f;
   return nullptr;
 }
 

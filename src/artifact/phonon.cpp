@@ -555,7 +555,7 @@ ForeignModel open(const fs::path& dir, const ForeignOpenOptions&) {
   out.unsupported.push_back("audio_tower");
   add_files(dir, out);
   add_sources(dir, *loader.checkpoint(), out.provenance);
-  out.provenance.recipe = {{"format", kFormatName}, {"packed_manifest", declared.recipe}};
+  out.recipe = {{"format", kFormatName}, {"packed_manifest", declared.recipe}};
   out.keep_alive.push_back(loader.checkpoint());
   return out;
 }

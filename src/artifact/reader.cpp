@@ -5,6 +5,7 @@
 #include <set>
 #include <utility>
 
+#include "lowbit/artifact/records.h"
 #include "lowbit/core/error.h"
 #include "lowbit/core/mapped_file.h"
 #include "lowbit/core/sha256.h"
@@ -29,7 +30,10 @@ struct OpenFile {
   io::SafetensorsHeader header;                // payloads only
   std::map<std::string, size_t, std::less<>> index;  // key -> header.entries position
   std::vector<bool> used;                      // per header entry: declared by the manifest
+  std::string text;                            // quality and recipe records: the bytes hashed, then parsed
 };
+
+bool is_record(FileRole role) { return role == FileRole::quality || role == FileRole::recipe; }
 
 // A regular, not symlinked, not hard-linked file. Errc::missing_file, unsafe_path.
 FileIdentity checked_identity(const fs::path& path) {
@@ -71,6 +75,7 @@ struct Artifact::Impl {
   Manifest manifest;
   std::vector<OpenFile> files;  // in manifest order
   std::map<std::string, codec::TensorRef, std::less<>> tensors;
+  nlohmann::json quality, recipe;  // checked records, null when absent
 
   void read_manifest() {
     manifest_path = dir / kManifestName;
@@ -88,6 +93,17 @@ struct Artifact::Impl {
 
   // Maps and hashes a file whose identity and size were checked.
   void open_file(OpenFile& f, bool verify_hash) {
+    if (is_record(f.entry->role)) {  // read once: the bytes hashed are the bytes parsed
+      if (f.identity.size > kMaxRecordBytes)
+        fail(Errc::limit, "{} {}: {} bytes, more than the limit {}", kOp, f.path.string(), f.identity.size,
+             kMaxRecordBytes);
+      const MappedFile map = MappedFile::open(f.path);
+      if (map.identity() != f.identity)
+        fail(Errc::changed, "{} {}: changed while it was being opened", kOp, f.path.string());
+      if (verify_hash) check_hash(f.path, sha256_hex(map.bytes()), f.entry->sha256, Errc::hash_mismatch);
+      f.text.assign(reinterpret_cast<const char*>(map.bytes().data()), map.size());
+      return;
+    }
     if (f.entry->role != FileRole::payload) {
       if (verify_hash) check_hash(f.path, sha256_file(f.path), f.entry->sha256, Errc::hash_mismatch);
       return;
@@ -142,6 +158,14 @@ struct Artifact::Impl {
                f.header.entries[i].name);
   }
 
+  // After the tensors: the records restate facts about them.
+  void check_records(uint64_t artifact_bytes) {
+    for (const OpenFile& f : files) {
+      if (f.entry->role == FileRole::quality) quality = check_quality(f.text, manifest, artifact_bytes, f.path.string());
+      if (f.entry->role == FileRole::recipe) recipe = check_recipe(f.text, manifest, f.path.string());
+    }
+  }
+
   void validate_tensors() {
     std::vector<const std::pair<const std::string, codec::TensorRef>*> list;
     for (const auto& item : tensors) list.push_back(&item);
@@ -180,6 +204,9 @@ Artifact Artifact::open(const fs::path& dir, const ReadOptions& options) {
   });
   a.build_tensors();
   a.validate_tensors();
+  uint64_t artifact_bytes = a.manifest_identity.size;
+  for (const FileEntry& f : a.manifest.files) artifact_bytes += f.size;
+  a.check_records(artifact_bytes);
   if (options.before_recheck) options.before_recheck();
   Artifact artifact(std::move(impl));
   artifact.recheck(options.paranoid);
@@ -203,6 +230,8 @@ void Artifact::recheck(bool rehash) const {
 }
 
 const Manifest& Artifact::manifest() const { return impl_->manifest; }
+const nlohmann::json& Artifact::quality() const { return impl_->quality; }
+const nlohmann::json& Artifact::recipe() const { return impl_->recipe; }
 const fs::path& Artifact::dir() const { return impl_->dir; }
 
 std::vector<std::string> Artifact::tensor_names() const {

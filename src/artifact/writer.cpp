@@ -16,6 +16,7 @@
 #include <system_error>
 #include <utility>
 
+#include "lowbit/artifact/records.h"
 #include "lowbit/core/checked.h"
 #include "lowbit/core/error.h"
 #include "lowbit/core/sha256.h"
@@ -169,6 +170,13 @@ struct ArtifactWriter::Impl {
   uint64_t shard_bytes = 0;
   size_t shards_written = 0;
   bool committed = false;
+  std::string recipe_text;  // as written to recipe.json, checked again at commit
+
+  uint64_t files_bytes() const {  // every file written so far, the manifest not included
+    uint64_t total = 0;
+    for (const FileEntry& f : manifest.files) total += f.size;
+    return total;
+  }
 
   std::string shard_name() const { return fmt::format("{}{:05d}.safetensors", kPayloadPrefix, shards_written + 1); }
 
@@ -340,18 +348,35 @@ void ArtifactWriter::set_provenance(Provenance provenance) {
   impl_->manifest.provenance = std::move(provenance);
 }
 
-void ArtifactWriter::set_quality(nlohmann::json quality) {
-  if (!quality.is_object()) fail(Errc::usage, "[{}] quality must be a JSON object", kOp);
-  impl_->manifest.quality = std::move(quality);
+void ArtifactWriter::set_recipe(const nlohmann::json& recipe) {
+  impl_->recipe_text = recipe.dump(2) + "\n";
+  add_file_contents(std::string(kRecipeFileName), FileRole::recipe, impl_->recipe_text);
 }
 
-const Manifest& ArtifactWriter::commit(const std::function<void(Manifest&)>& complete) {
+const Manifest& ArtifactWriter::commit(const std::function<nlohmann::json(uint64_t artifact_bytes)>& quality) {
   Impl& w = *impl_;
   if (w.committed) fail(Errc::internal, "[{}] {}: committed twice", kOp, w.dest.string());
   w.flush_shard();
-  if (complete) complete(w.manifest);
+  std::string quality_text;
+  if (quality) {
+    // The record states the artifact's size, which includes the record and the manifest listing it: iterate until
+    // the size stated is the size made (a digit more in the number may lengthen both).
+    const uint64_t files = w.files_bytes();
+    for (uint64_t stated = files, made = 0;; stated = made) {
+      quality_text = quality(stated).dump(2) + "\n";
+      Manifest trial = w.manifest;
+      trial.files.push_back({std::string(kQualityFileName), FileRole::quality, quality_text.size(),
+                             sha256_hex(std::as_bytes(std::span(quality_text)))});
+      made = files + quality_text.size() + trial.serialize().size();
+      if (made == stated) break;
+    }
+    add_file_contents(std::string(kQualityFileName), FileRole::quality, quality_text);
+  }
   const std::string text = w.manifest.serialize();
-  Manifest::parse(text, fmt::format("{} (as written)", kManifestName));  // never publish what a reader rejects
+  // Never publish what a reader rejects.
+  const Manifest written = Manifest::parse(text, fmt::format("{} (as written)", kManifestName));
+  if (quality) check_quality(quality_text, written, w.files_bytes() + text.size(), kQualityFileName);
+  if (!w.recipe_text.empty()) check_recipe(w.recipe_text, written, kRecipeFileName);
   const fs::path path = w.staging / kManifestName;
   Fd out = create_exclusive(path);
   write_all(out.get(), reinterpret_cast<const std::byte*>(text.data()), text.size(), path);

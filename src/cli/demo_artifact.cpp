@@ -55,7 +55,6 @@ void run(const Options& o) {
   writer.add_file_contents("config.json", FileRole::config, config.dump(2) + "\n");
   writer.set_config(config);
   Provenance provenance;
-  provenance.recipe = {{"generator", "demo-artifact"}, {"distribution", "normal(0, 0.02)"}};
   provenance.seeds = {{"demo", o.seed}};
   writer.set_provenance(std::move(provenance));
   const Manifest& m = writer.commit();

@@ -1,5 +1,6 @@
 // lowbit inspect ART [--json]: the tensors of a verified artifact (name, shape, codec, params, bits per weight),
-// totals, the files, and summaries of the config and provenance.
+// totals, the files, summaries of the config and provenance, and the checked quality and recipe records. A version 1
+// artifact's free-form recipe and quality, which nothing checked, are shown only under "unverified".
 #include <fmt/format.h>
 
 #include <cstdio>
@@ -58,8 +59,8 @@ json as_json(const Artifact& a, const std::vector<TensorRow>& rows) {
     stored += rows[i].stored_bytes;
   }
   const json doc = m.to_json();
-  return {{"format", doc["format"]},
-          {"version", doc["version"]},
+  json out = {{"format", doc["format"]},
+          {"version", m.version},
           {"tensors", std::move(tensors)},
           {"files", doc["files"]},
           {"totals",
@@ -70,7 +71,10 @@ json as_json(const Artifact& a, const std::vector<TensorRow>& rows) {
             {"artifact_bytes", a.total_bytes()}}},
           {"config", m.config},
           {"provenance", doc["provenance"]},
-          {"quality", m.quality}};
+          {"quality", a.quality()},
+          {"recipe", a.recipe()}};
+  if (!m.unverified.empty()) out["unverified"] = m.unverified;
+  return out;
 }
 
 // "key=value" for the config's scalar entries, at most `limit` of them.
@@ -116,8 +120,15 @@ void print_table(const Artifact& a, const std::vector<TensorRow>& rows) {
              m.provenance.sources.size(), m.provenance.calibration_sha256.value_or("none"),
              json(m.provenance.seeds).dump());
   // Scalars only (bits per weight, time, RSS); the per-tensor records are in --json.
-  for (const auto& [key, value] : m.quality.items())
-    fmt::print("quality.{}: {}\n", key, value.is_object() ? config_summary(value, 12) : value.dump());
+  if (a.quality().is_object())
+    for (const auto& [key, value] : a.quality().items())
+      fmt::print("quality.{} (quality.json, checked): {}\n", key, config_summary(value, 12));
+  if (a.recipe().is_object())
+    for (const auto& [key, value] : a.recipe().items())
+      fmt::print("recipe.{} (recipe.json, checked): {}\n", key, config_summary(value, 12));
+  for (const auto& [key, value] : m.unverified.items())
+    fmt::print("unverified {} (format version {}, not checked): {}\n", key, m.version,
+               value.is_object() ? config_summary(value, 12) : value.dump());
 }
 
 // A foreign format (audio8 bundle, Phonon directory), opened with every check of its own loader.
@@ -136,7 +147,7 @@ void inspect_foreign(const lowbit::artifact::ForeignFormat& format, const Option
                             {"aliases", model.aliases},
                             {"unsupported", model.unsupported},
                             {"config", model.config},
-                            {"provenance", model.provenance.recipe}}
+                            {"provenance", model.recipe}}
                            .dump(2));
     return;
   }

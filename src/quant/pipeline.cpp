@@ -358,8 +358,7 @@ double QuantizeReport::linear_bits_per_weight() const {
 nlohmann::json QuantizeReport::to_json() const {
   nlohmann::json tensors_json = nlohmann::json::array();
   for (const auto& t : tensors)
-    tensors_json.push_back({{"name", t.name}, {"shape", t.shape}, {"codec", t.choice.codec},
-                            {"params", t.choice.params}, {"method", t.method},
+    tensors_json.push_back({{"name", t.name}, {"shape", t.shape}, {"codec", t.choice.codec}, {"method", t.method},
                             {"bits_per_weight", t.bits_per_weight}, {"bytes", t.bytes}, {"proxy_loss", t.loss},
                             {"rtn_proxy_loss", t.rtn_loss}, {"rtn_proxy_loss_sampled_rows", t.rtn_sampled_rows},
                             {"guard_tripped", t.guard_tripped}});
@@ -459,24 +458,17 @@ QuantizeReport quantize(const QuantizeOptions& o) {
   artifact::Provenance prov;
   prov.tool = "lowbit " LOWBIT_VERSION;
   prov.sources = sources;
-  prov.recipe = o.recipe.to_json();
   if (calib) prov.calibration_sha256 = calib->sha256;
   prov.seeds["quantize"] = o.seed;
   if (o.recipe.rotate) prov.seeds["rotation"] = o.seed;
   writer.set_provenance(prov);
+  writer.set_recipe({{"quantize", o.recipe.to_json()}});
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   report.peak_rss = peak_rss_bytes();
-  // The stored record gives the artifact's whole size: its files and the manifest, which holds that very number
-  // (one more pass settles it should the number's digits change the manifest's length).
-  writer.commit([&](artifact::Manifest& m) {
-    uint64_t files = 0;
-    for (const auto& f : m.files) files += f.size;
-    report.artifact_bytes = files;
-    for (uint64_t stored = 0; stored != report.artifact_bytes;) {
-      stored = report.artifact_bytes;
-      m.quality = {{"quantize", report.to_json()}};
-      report.artifact_bytes = files + m.serialize().size();
-    }
+  // quality.json gives the artifact's whole size, itself and the manifest included (the writer settles it).
+  writer.commit([&](uint64_t artifact_bytes) {
+    report.artifact_bytes = artifact_bytes;
+    return nlohmann::json{{"quantize", report.to_json()}};
   });
   return report;
 }

@@ -18,6 +18,7 @@
 #include "lowbit/artifact/manifest.h"
 #include "lowbit/artifact/reader.h"
 #include "lowbit/artifact/writer.h"
+#include "lowbit/codec/codec.h"
 #include "lowbit/core/checked.h"
 #include "lowbit/core/error.h"
 #include "lowbit/core/sha256.h"
@@ -67,22 +68,61 @@ inline codec::EncodedTensor encode(std::string_view codec_id, const codec::Param
   return codec::codec_or_throw(codec_id, "test").encode(params, shape, values.data(), {});
 }
 
-// A valid artifact: 6 tensors over several payload shards, config.json and tokenizer.json, full provenance.
+// A quality record as quantize writes it (artifact/records.h), built from the tensors as they are added.
+struct QualityReport {
+  json tensors = json::array();
+  uint64_t weights = 0, bytes = 0;
+
+  void add(ArtifactWriter& w, const std::string& name, const Shape& shape, std::string_view codec_id,
+           codec::EncodedTensor encoded) {
+    uint64_t stored = 0;
+    for (const auto& [role, array] : encoded.arrays) stored += array.bytes.size();
+    const double bits = codec::bits_per_weight(codec::codec_or_throw(codec_id, "test"), encoded.params, shape);
+    tensors.push_back({{"name", name}, {"shape", shape}, {"codec", codec_id}, {"method", "rtn"},
+                       {"bits_per_weight", bits}, {"bytes", stored}, {"proxy_loss", 0.25}, {"rtn_proxy_loss", 0.25},
+                       {"rtn_proxy_loss_sampled_rows", 0}, {"guard_tripped", false}});
+    weights += checked_numel(shape, name);
+    bytes += stored;
+    w.add(name, shape, codec_id, std::move(encoded));
+  }
+
+  json operator()(uint64_t artifact_bytes) const {
+    return {{"quantize",
+             {{"tensors", tensors}, {"weights", weights}, {"bytes", bytes},
+              {"bits_per_weight", weights ? 8.0 * bytes / weights : 0.0}, {"linear_bits_per_weight", 4.5},
+              {"artifact_bytes", artifact_bytes}, {"wall_seconds", 1.5}, {"peak_rss_bytes", 1 << 20},
+              {"calibration_tokens", 0}, {"source_quantized", false}, {"allocation", nullptr}, {"fold", nullptr},
+              {"calibration_cache", nullptr}}}};
+  }
+};
+
+// A recipe record as quantize writes it (Recipe::to_json under "quantize").
+inline json test_recipe() {
+  return {{"quantize",
+           {{"name", "test"},
+            {"rotate", false},
+            {"rules", {{{"match", "layers.*"}, {"codec", "offset_scale"}, {"params", {{"precision", "q4"}}}}}},
+            {"default", {{"codec", "dense"}, {"params", {{"dtype", "f32"}}}}}}}};
+}
+
+// A valid artifact: 6 tensors over several payload shards, config.json and tokenizer.json, full provenance, and
+// the quality and recipe records.
 inline Manifest write_valid_artifact(const fs::path& dest, uint64_t seed, WriterOptions options = {.shard_bytes = 3000}) {
   std::mt19937_64 rng(seed);
   ArtifactWriter w(dest, options);
+  QualityReport report;
   const std::pair<std::string, Shape> dense[] = {{"embed.weight", {32, 16}}, {"norm.weight", {16}}, {"head.bias", {8, 3}}};
   const char* dtypes[] = {"bf16", "f32", "f16"};
   for (size_t i = 0; i < 3; ++i) {
     const auto& [name, shape] = dense[i];
     const auto values = random_values(rng, static_cast<size_t>(checked_numel(shape, name)));
-    w.add(name, shape, "dense", encode("dense", {{"dtype", dtypes[i]}}, shape, values));
+    report.add(w, name, shape, "dense", encode("dense", {{"dtype", dtypes[i]}}, shape, values));
   }
   for (int layer = 0; layer < 3; ++layer) {
     const Shape shape{16, 64 + 16 * layer};  // the last two need padding to a multiple of 64
     const auto values = random_values(rng, static_cast<size_t>(shape[0] * shape[1]));
-    w.add("layers." + std::to_string(layer) + ".weight", shape, "offset_scale",
-          encode("offset_scale", {{"precision", "q4"}}, shape, values));
+    report.add(w, "layers." + std::to_string(layer) + ".weight", shape, "offset_scale",
+               encode("offset_scale", {{"precision", "q4"}}, shape, values));
   }
   const json config = {{"model_type", "test"}, {"hidden_size", 16}, {"seed", seed}};
   w.add_file_contents("config.json", FileRole::config, config.dump());
@@ -90,16 +130,16 @@ inline Manifest write_valid_artifact(const fs::path& dest, uint64_t seed, Writer
   w.set_config(config);
   Provenance p;
   p.sources.push_back({"model.safetensors", 1234, std::string(64, 'a')});
-  p.recipe = {{"default", "offset_scale q4"}};
   p.calibration_sha256 = std::string(64, 'b');
   p.seeds = {{"rng", seed}};
   w.set_provenance(std::move(p));
-  w.set_quality({{"wikitext2_ppl", 12.5}});
-  return w.commit();
+  w.set_recipe(test_recipe());
+  return w.commit(report);
 }
 
 inline json read_manifest(const fs::path& dir) { return json::parse(read_text(dir / kManifestName)); }
-inline void write_manifest(const fs::path& dir, const json& m) { write_text(dir / kManifestName, m.dump(1)); }
+// As the writer serializes it, so that an edit keeping every value's length keeps the size quality.json states.
+inline void write_manifest(const fs::path& dir, const json& m) { write_text(dir / kManifestName, m.dump(2) + "\n"); }
 
 inline json& file_entry(json& manifest, std::string_view name) {
   for (json& f : manifest["files"])

@@ -443,7 +443,7 @@ TEST(Audio8Bundle, PackedRecordsDecodeAsTheSeedsGrids) {
   ASSERT_EQ(m.unsupported.size(), 2u);
   EXPECT_EQ(m.unsupported[0], "audio_tower (2 tensors)");
   EXPECT_NE(m.unsupported[1].find("no config.json"), std::string::npos) << m.unsupported[1];
-  EXPECT_EQ(m.provenance.recipe["source_format"], audio8::kFormatV2);
+  EXPECT_EQ(m.recipe["source_format"], audio8::kFormatV2);
 }
 
 TEST(Audio8Bundle, ConfigBesideManifestIsCheckedAgainstItsDeclaredHash) {

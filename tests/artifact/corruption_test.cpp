@@ -262,10 +262,10 @@ void apply(Corruption kind, const fs::path& dir, const fs::path& outside, std::m
       edit_manifest(dir, [](json& m) { m["format"] = "gguf"; });
       break;
     case Corruption::bad_version:
-      edit_manifest(dir, [](json& m) { m["version"] = 2; });
+      edit_manifest(dir, [](json& m) { m["version"] = 3; });
       break;
     case Corruption::version_not_integer:
-      edit_manifest(dir, [](json& m) { m["version"] = "1"; });
+      edit_manifest(dir, [](json& m) { m["version"] = "2"; });
       break;
     case Corruption::unknown_codec:
       edit_manifest(dir, [](json& m) { tensor_entry(m, kQuantized)["codec"] = "q9_magic"; });

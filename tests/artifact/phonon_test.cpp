@@ -472,7 +472,7 @@ TEST(Phonon, NullBlocksAreNotDeclared) {
   for (const char* block : {"decoder_metadata", "decoder_codes", "hybrid_quantization"}) f.manifest[block] = nullptr;
   f.write(tmp / "p");
   const ForeignModel m = phonon::open(tmp / "p", {});
-  EXPECT_TRUE(m.provenance.recipe["packed_manifest"]["hybrid_quantization"].is_null());
+  EXPECT_TRUE(m.recipe["packed_manifest"]["hybrid_quantization"].is_null());
 }
 
 // ---- Import ----------------------------------------------------------------------------------------------------
@@ -507,7 +507,7 @@ TEST(Phonon, ImportIsBitExact) {
     }
     EXPECT_EQ(a.contains("lm_head.weight"), v.packed_head);
     EXPECT_EQ(a.config()["tie_word_embeddings"], !v.packed_head);
-    EXPECT_EQ(a.provenance().recipe["format"], phonon::kFormatName);
+    EXPECT_EQ(a.recipe()["import"]["format"], phonon::kFormatName);
     EXPECT_EQ(a.provenance().sources.size(), 5u);  // config, manifest, index, two shards
     EXPECT_TRUE(fs::exists(a.file_path("tokenizer.json")));
     EXPECT_TRUE(fs::exists(a.file_path("packed_manifest.json")));

@@ -20,7 +20,6 @@ TEST(Reader, ExposesWhatTheWriterWrote) {
     w.add("d", {3}, "dense", encode("dense", {{"dtype", "f32"}}, {3}, {1.0f, 2.0f, 3.0f}));
     w.add_file_contents("config.json", FileRole::config, R"({"hidden_size": 70})");
     w.set_config({{"hidden_size", 70}});
-    w.set_quality({{"ppl", 9.5}});
     w.commit();
   }
   const Artifact a = Artifact::open(tmp / "a");
@@ -34,7 +33,8 @@ TEST(Reader, ExposesWhatTheWriterWrote) {
   EXPECT_EQ(codec::decode_all(w), expected);
   EXPECT_EQ(codec::decode_all(a.tensor("d")), (std::vector<float>{1.0f, 2.0f, 3.0f}));
   EXPECT_EQ(a.config()["hidden_size"], 70);
-  EXPECT_EQ(a.manifest().quality["ppl"], 9.5);
+  EXPECT_TRUE(a.quality().is_null());  // none written
+  EXPECT_TRUE(a.recipe().is_null());
   EXPECT_EQ(a.provenance().tool, "lowbit " LOWBIT_VERSION);
   EXPECT_EQ(read_text(a.file_path("config.json")), R"({"hidden_size": 70})");
   EXPECT_EQ(error_of([&] { a.file_path("tokenizer.json"); }), Errc::missing_file);
@@ -96,10 +96,10 @@ TEST(Reader, RefusesWhatIsNotAnArtifactDirectory) {
 }
 
 TEST(Manifest, AcceptsTheMinimalDocument) {
-  const Manifest m = Manifest::parse(R"({"format": "lowbit-artifact", "version": 1, "tensors": [], "files": [],
-    "config": {}, "provenance": {"tool": "t", "sources": [], "recipe": {}, "calibration_sha256": null, "seeds": {}}})");
+  const Manifest m = Manifest::parse(R"({"format": "lowbit-artifact", "version": 2, "tensors": [], "files": [],
+    "config": {}, "provenance": {"tool": "t", "sources": [], "calibration_sha256": null, "seeds": {}}})");
   EXPECT_TRUE(m.tensors.empty());
-  EXPECT_TRUE(m.quality.empty());
+  EXPECT_TRUE(m.unverified.empty());
   EXPECT_FALSE(m.provenance.calibration_sha256);
 }
 

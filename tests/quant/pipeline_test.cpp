@@ -13,6 +13,7 @@
 
 #include <fcntl.h>
 
+#include "artifact/artifact_fixture.h"
 #include "lowbit/artifact/reader.h"
 #include "lowbit/core/error.h"
 #include "lowbit/core/thread_pool.h"
@@ -112,7 +113,8 @@ TEST(Quantize, TargetBitsChoosesAmongCandidatesWithinBudget) {
   EXPECT_GT(bits.size(), 1u) << "a budget between the candidates should mix widths";
   EXPECT_TRUE(r.allocation.is_object());
   const auto art = artifact::Artifact::open(o.destination);
-  EXPECT_TRUE(art.manifest().quality.contains("quantize"));
+  // The allocation is stored in the checked quality record (every chosen candidate's codec is the tensor's).
+  EXPECT_EQ(art.quality()["quantize"]["allocation"], r.allocation);
 }
 
 // --target-linear-bpw budgets the layers' linears only: the embedding and head keep their first candidate and
@@ -176,7 +178,7 @@ TEST(Quantize, TargetBitsMeasuresThePaddingFallback) {
   for (const auto& t : r.tensors) EXPECT_NE(t.choice.codec, "two_plane") << t.name;
 }
 
-// The quality record stored in the manifest gives the artifact's size on disk, manifest included.
+// The quality record (quality.json) gives the artifact's size on disk, itself and the manifest included.
 TEST(Quantize, StoredRecordHoldsTheArtifactSize) {
   TempDir tmp;
   QuantizeOptions o;
@@ -188,8 +190,53 @@ TEST(Quantize, StoredRecordHoldsTheArtifactSize) {
   for (const auto& e : fs::directory_iterator(o.destination)) on_disk += fs::file_size(e.path());
   EXPECT_EQ(r.artifact_bytes, on_disk);
   const auto art = artifact::Artifact::open(o.destination);
-  EXPECT_EQ(art.manifest().quality["quantize"]["artifact_bytes"].get<uint64_t>(), on_disk);
+  EXPECT_EQ(art.quality()["quantize"]["artifact_bytes"].get<uint64_t>(), on_disk);
   EXPECT_EQ(art.total_bytes(), on_disk);
+}
+
+// quantize -> verify -> inspect: the records quantize writes pass the reader's schema, the stored recipe is one the
+// recipe parser reads back as the recipe used, and inspect shows the checked report, not the manifest's say-so.
+TEST(Quantize, RecordsRoundTripThroughVerifyAndInspect) {
+  TempDir tmp;
+  QuantizeOptions o;
+  o.source = write_source(tmp.path);
+  o.destination = tmp.path / "out";
+  o.recipe = preset("affine4");
+  const QuantizeReport r = quantize(o);
+  const auto art = artifact::Artifact::open(o.destination);
+  EXPECT_EQ(Recipe::from_json(art.recipe()["quantize"], "recipe.json").to_json(), o.recipe.to_json());
+  ASSERT_EQ(art.quality()["quantize"]["tensors"].size(), r.tensors.size());
+  EXPECT_EQ(art.quality()["quantize"]["bytes"].get<uint64_t>(), r.bytes);
+  const auto verify = artifact::testing::run_cli({"verify", o.destination.string()});
+  EXPECT_EQ(verify.status, 0) << verify.err;
+  const auto inspect = artifact::testing::run_cli({"inspect", "--json", o.destination.string()});
+  ASSERT_EQ(inspect.status, 0) << inspect.err;
+  const nlohmann::json shown = nlohmann::json::parse(inspect.out);
+  EXPECT_EQ(shown["quality"], art.quality());
+  EXPECT_EQ(shown["recipe"]["quantize"]["name"], "affine4");
+  EXPECT_EQ(shown["version"], artifact::kVersion);
+}
+
+// A calibrated, rotated run fills every optional part of the report (GPTQ methods, the fold, the calibration cache)
+// and the reader's schema accepts it; the fold's seed is the manifest's rotation seed.
+TEST(Quantize, CalibratedRotatedReportPassesTheSchema) {
+  std::optional<QuantizeOptions> o = testing::calibrated_stories260k("affine4", 128, 64);
+  if (!o) GTEST_SKIP() << "needs ../shared/models/stories260K and data/tinystories-valid-excerpt.txt";
+  TempDir tmp;
+  o->destination = tmp.path / "out";
+  o->calib_cache = tmp.path / "cache";
+  o->recipe.rotate = true;
+  o->seed = 5;
+  quantize(*o);
+  const auto art = artifact::Artifact::open(o->destination);
+  const nlohmann::json& q = art.quality()["quantize"];
+  EXPECT_EQ(q["fold"]["seed"], 5);
+  EXPECT_EQ(art.provenance().seeds.at("rotation"), 5u);
+  EXPECT_TRUE(q["calibration_cache"].is_object());
+  std::set<std::string> methods;
+  for (const auto& t : q["tensors"]) methods.insert(t["method"].get<std::string>());
+  EXPECT_TRUE(methods.contains("gptq")) << q["tensors"].dump();
+  EXPECT_EQ(art.recipe()["quantize"]["rotate"], true);
 }
 
 TEST(Quantize, RefusesAnExistingDestinationUnlessForced) {
@@ -208,7 +255,7 @@ TEST(Quantize, RefusesAnExistingDestinationUnlessForced) {
   o.force = true;
   o.recipe = preset("affine3");
   quantize(o);
-  EXPECT_EQ(artifact::Artifact::open(o.destination).provenance().recipe["name"], "affine3");
+  EXPECT_EQ(artifact::Artifact::open(o.destination).recipe()["quantize"]["name"], "affine3");
 }
 
 // Quantizing is a function of its inputs: two calibrated trellis runs (the layers after the first calibrate on

@@ -44,9 +44,11 @@ struct ForeignModel {
   // Parts of the source lowbit does not run (audio towers, ...), by name, so callers can say so.
   std::vector<std::string> unsupported;
   std::vector<ForeignFile> files;  // files an import carries over into the artifact
-  // The source files with their hashes, and in `recipe` what the format's loader verified (format, provenance
-  // blocks); an import stores it as the artifact's provenance.
+  // The source files with their hashes; an import stores it as the artifact's provenance.
   Provenance provenance;
+  // What the format's loader verified (format, hashes, provenance blocks); an import stores it as the "import"
+  // record of recipe.json, whose schema artifact/records.h checks.
+  nlohmann::json recipe = nlohmann::json::object();
   std::vector<std::shared_ptr<const void>> keep_alive;  // mapped files the TensorRefs point into
 
   // The stored tensor an alias names; throws Errc::format when it is not stored.

@@ -1,5 +1,6 @@
 // The manifest of a lowbit artifact (docs/FORMAT.md): every logical tensor with its codec, parameters and stored
-// arrays, every file with its size and SHA-256, the model config, provenance and measured quality. Parsing is
+// arrays, every file with its size and SHA-256 (the quality report and the recipe among them), the model config and
+// provenance. Parsing is
 // strict: unknown keys, formats, versions and codecs are errors, codec parameters and declared arrays are
 // checked against the codec registry, names are checked for safety and every count and dimension is bounded.
 #pragma once
@@ -19,7 +20,8 @@
 namespace lowbit::artifact {
 
 inline constexpr std::string_view kFormat = "lowbit-artifact";
-inline constexpr int64_t kVersion = 1;
+inline constexpr int64_t kVersion = 2;        // what the writer writes
+inline constexpr int64_t kLegacyVersion = 1;  // still read: its free-form recipe and quality shown as unverified
 inline constexpr std::string_view kManifestName = "manifest.json";
 
 // Bounds every reader enforces (Errc::limit), so that nothing is allocated from an unchecked count.
@@ -34,7 +36,8 @@ inline constexpr size_t kMaxFileNameBytes = 255;  // file names (NAME_MAX)
 inline constexpr size_t kMaxSeeds = 256;
 inline constexpr size_t kMaxSources = 4096;
 
-enum class FileRole { payload, config, tokenizer, other };
+// quality and recipe: at most one file each, parsed and checked against the manifest (artifact/records.h).
+enum class FileRole { payload, config, tokenizer, quality, recipe, other };
 std::string_view file_role_name(FileRole role);
 
 struct ArrayEntry {
@@ -69,7 +72,6 @@ struct SourceFile {
 struct Provenance {
   std::string tool;  // "lowbit 0.1.0"
   std::vector<SourceFile> sources;
-  nlohmann::json recipe = nlohmann::json::object();  // free-form, not interpreted by a reader
   std::optional<std::string> calibration_sha256;     // of the calibration text, when there was one
   std::map<std::string, uint64_t> seeds;             // every random seed used, by purpose
 };
@@ -79,7 +81,10 @@ struct Manifest {
   std::vector<FileEntry> files;
   nlohmann::json config = nlohmann::json::object();   // the model config, may be empty
   Provenance provenance;
-  nlohmann::json quality = nlohmann::json::object();  // measured numbers, free-form, may be empty
+  int64_t version = kVersion;
+  // Version 1 only: its free-form `provenance.recipe` and `quality`, which nothing checked; never written, shown
+  // by inspect as unverified. Empty for version 2.
+  nlohmann::json unverified = nlohmann::json::object();
 
   // Parses manifest text (strict JSON: duplicate keys rejected) and validates it. `source` names the file in
   // errors. Throws lowbit::Error: format, version, unknown_codec, codec_params, dtype, shape, overflow,
@@ -93,6 +98,7 @@ struct Manifest {
 
   const TensorEntry* find_tensor(std::string_view name) const;
   const FileEntry* find_file(std::string_view name) const;
+  const FileEntry* find_role(FileRole role) const;  // the first file of that role, or null
 };
 
 // Throws Errc::unsafe_path unless `name` is a plain file name: non-empty, at most kMaxFileNameBytes, no '/' or

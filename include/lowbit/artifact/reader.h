@@ -37,6 +37,10 @@ class Artifact {
   const Manifest& manifest() const;
   const nlohmann::json& config() const { return manifest().config; }
   const Provenance& provenance() const { return manifest().provenance; }
+  // The checked records (artifact/records.h): quality.json and recipe.json as parsed, null when the artifact has
+  // none.
+  const nlohmann::json& quality() const;
+  const nlohmann::json& recipe() const;
   const std::filesystem::path& dir() const;
 
   std::vector<std::string> tensor_names() const;  // in manifest order

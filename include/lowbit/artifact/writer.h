@@ -50,13 +50,16 @@ class ArtifactWriter {
 
   void set_config(nlohmann::json config);
   void set_provenance(Provenance provenance);
-  void set_quality(nlohmann::json quality);
+  // The recipe record (artifact/records.h), written as recipe.json with role "recipe".
+  void set_recipe(const nlohmann::json& recipe);
 
   // Writes the last shard and the manifest, fsyncs, and publishes the directory at the destination (replacing
-  // the existing artifact atomically when forced). Returns the manifest as written. `complete`, when given, runs
-  // once every data file is written and listed, before the manifest is serialized: for entries that need the
-  // files' sizes (the quality record's artifact size).
-  const Manifest& commit(const std::function<void(Manifest&)>& complete = {});
+  // the existing artifact atomically when forced). Returns the manifest as written. `quality`, when given, returns
+  // the quality record (artifact/records.h) for an artifact of `artifact_bytes` bytes in all (every file,
+  // quality.json and the manifest included): it is called until the size it is given is the size its record
+  // makes, and the record is written as quality.json with role "quality". The records are checked as a reader
+  // checks them before anything is published.
+  const Manifest& commit(const std::function<nlohmann::json(uint64_t artifact_bytes)>& quality = {});
 
   const std::filesystem::path& staging_dir() const;
 
