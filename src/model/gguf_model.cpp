@@ -1,12 +1,12 @@
 #include "lowbit/model/gguf_model.h"
 
 #include <algorithm>
-#include <fstream>
 #include <unordered_map>
 
 #include <fmt/format.h>
 
 #include "lowbit/core/error.h"
+#include "lowbit/core/mapped_file.h"
 #include "lowbit/model/family.h"
 #include "lowbit/model/tokenizers.h"
 
@@ -96,9 +96,8 @@ std::unique_ptr<Tokenizer> llama_tokenizer(const io::GgufFile& f, const std::vec
 }  // namespace
 
 bool is_gguf_file(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  char magic[4] = {};
-  return in.read(magic, 4) && std::string_view(magic, 4) == "GGUF";
+  std::error_code ec;
+  return std::filesystem::is_regular_file(std::filesystem::symlink_status(path, ec)) && file_starts_with(path, "GGUF");
 }
 
 std::unique_ptr<Model> load_gguf_model(const std::filesystem::path& path, const LoadOptions& options) {

@@ -8,13 +8,13 @@
 #include <algorithm>
 #include <array>
 #include <cctype>
-#include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <queue>
 #include <unordered_map>
 
 #include "lowbit/core/error.h"
+#include "lowbit/io/json.h"
 #include "lowbit/model/tokenizers.h"
 #include "tokenizer_util.h"
 
@@ -296,11 +296,14 @@ namespace {
 
 using nlohmann::json;
 
+// The largest tokenizer.json files (256k-entry vocabularies with their merges) are tens of MiB.
+constexpr uint64_t kMaxTokenizerJsonBytes = 512ull << 20;
+
+// Through the strict reader: regular files only, bounded size, and bounded nesting, which also bounds the
+// recursion of read_normalizer and read_pre_tokenizer over nested "Sequence"s.
 json read_json(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail_errno("tokenizer", path.string());
-  json j = json::parse(in, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) fail(Errc::format, "[tokenizer] {}: not a JSON object", path.string());
+  json j = io::read_json_file(path, "tokenizer", kMaxTokenizerJsonBytes);
+  if (!j.is_object()) fail(Errc::format, "[tokenizer] {}: not a JSON object", path.string());
   return j;
 }
 
