@@ -55,10 +55,14 @@ std::string printable(std::string_view text, size_t max_bytes) {
   out.reserve(kept.size());
   for (const char c : kept) {
     const auto byte = static_cast<unsigned char>(c);
-    if (c == '\n') out += "\\n";
-    else if (c == '\t') out += "\\t";
-    else if (byte < 0x20 || byte == 0x7f) out += fmt::format("\\x{:02x}", byte);
-    else out += c;
+    if (c == '\n')
+      out += "\\n";
+    else if (c == '\t')
+      out += "\\t";
+    else if (byte < 0x20 || byte == 0x7f)
+      out += fmt::format("\\x{:02x}", byte);
+    else
+      out += c;
   }
   if (text.size() > max_bytes) out += fmt::format("... ({} bytes)", text.size());
   return out;

@@ -129,6 +129,13 @@ std::unique_ptr<Tokenizer> gguf_tokenizer(const io::GgufFile& f) {
   const auto model = f.get_string("tokenizer.ggml.model");
   const auto tokens = f.get_strings("tokenizer.ggml.tokens");
   if (!model || !tokens || tokens->empty()) fail(Errc::format, "[gguf] {}: no embedded tokenizer", f.source());
+  // llama.cpp builds token_embd as [n_embd, n_tokens] and refuses any other shape, so a vocabulary padded to a
+  // multiple (gemma-style) lists its padding tokens; lowbit asks for the same exact match. A vocabulary-only file
+  // (no token_embd) has nothing to match.
+  if (const auto* embed = f.tensor("token_embd.weight");
+      embed && (embed->ne.size() != 2 || embed->ne[1] != tokens->size()))
+    fail(Errc::shape, "[gguf] {}: tokenizer.ggml.tokens lists {} tokens, but token_embd.weight has {} rows", f.source(),
+         tokens->size(), embed->ne.size() == 2 ? embed->ne[1] : 0);
   const auto types = f.get_floats("tokenizer.ggml.token_type").value_or(std::vector<double>{});
   if (*model == "gpt2") return gpt2_tokenizer(f, *tokens, types);
   if (*model == "llama") return llama_tokenizer(f, *tokens, types);

@@ -1,15 +1,15 @@
 // Format detection: the one place that knows every model and tokenizer source. A new format (GGUF, MLX) is
 // one more branch here and a loader of its own.
+#include "lowbit/artifact/foreign.h"
 #include "lowbit/core/error.h"
 #include "lowbit/core/mapped_file.h"
-#include "lowbit/artifact/foreign.h"
+#include "lowbit/io/json.h"
 #include "lowbit/model/artifact_model.h"
 #include "lowbit/model/foreign_model.h"
 #include "lowbit/model/gguf_model.h"
 #include "lowbit/model/hf.h"
 #include "lowbit/model/llama2c.h"
 #include "lowbit/model/mlx.h"
-#include "lowbit/io/json.h"
 #include "lowbit/model/model.h"
 #include "lowbit/model/tokenizers.h"
 
@@ -55,6 +55,15 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::filesystem::path& model_pat
     if (std::filesystem::exists(model_path / "tokenizer.model")) return load_sentencepiece(model_path / "tokenizer.model");
   }
   fail(Errc::usage, "[load_tokenizer] {}: no tokenizer beside the model; pass --tokenizer FILE", model_path.string());
+}
+
+std::unique_ptr<Tokenizer> load_tokenizer_for(const Model& model, const std::filesystem::path& model_path,
+                                              const std::optional<std::filesystem::path>& tokenizer_file) {
+  auto tokenizer = load_tokenizer(model_path, tokenizer_file);
+  if (tokenizer->lists_every_row() && tokenizer->vocab_size() < model.config.vocab)
+    fail(Errc::shape, "[load_tokenizer] {}: {} tokens, but the model's vocabulary has {} rows",
+         tokenizer_file.value_or(model_path).string(), tokenizer->vocab_size(), model.config.vocab);
+  return tokenizer;
 }
 
 }  // namespace lowbit::model

@@ -27,7 +27,8 @@ Errc read_fifo(const std::filesystem::path& path, Read&& read) {
   std::atomic<bool> done{false}, released{false};
   std::thread writer([&] {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(3);
-    while (!done && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    while (!done && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
     while (!done) {
       // Succeeds only while a reader has the FIFO open: that reader is blocked, or about to read its EOF.
       const int fd = ::open(path.c_str(), O_WRONLY | O_NONBLOCK);
