@@ -737,7 +737,7 @@ bool is_exported_bundle(const fs::path& dir) {
   try {
     if (!recognizes(dir)) return false;
     open(dir, {.verify_hash = false});
-    const json manifest = json::parse(read_small_file(dir / kManifestName, kMaxManifestBytes, kManifestName));
+    const json manifest = io::read_json_file(dir / kManifestName, "export", kMaxManifestBytes);
     const std::string weights = manifest.value("weights_file", "");
     for (const fs::directory_entry& e : fs::directory_iterator(dir)) {
       const std::string name = e.path().filename().string();
