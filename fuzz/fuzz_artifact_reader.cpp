@@ -1,6 +1,7 @@
 // libFuzzer target: the artifact reader, Artifact::open on a directory whose manifest.json is the input, beside the
 // payload and config.json of a fixed two-tensor artifact (written once at start; the seed corpus holds its
-// manifest, which the target leaves in /tmp/lowbit-fuzz-<pid>/artifact.seed.json). Hashes are not checked, so that mutations of everything else reach the payload and codec checks.
+// manifest, which the target leaves in /tmp/lowbit-fuzz-<pid>/artifact.seed.json). Hashes are not checked, so that
+// mutations of everything else reach the payload and codec checks.
 #include "fuzz/fuzz_input.h"
 #include "lowbit/artifact/reader.h"
 #include "lowbit/artifact/writer.h"

@@ -69,8 +69,10 @@ namespace detail {
 // A string argument of fail() as it is shown: escaped and cut to kMaxShownBytes; other arguments as they are.
 template <class T>
 decltype(auto) shown(const T& arg) {
-  if constexpr (std::is_convertible_v<const T&, std::string_view>) return printable(std::string_view(arg));
-  else return (arg);
+  if constexpr (std::is_convertible_v<const T&, std::string_view>)
+    return printable(std::string_view(arg));
+  else
+    return (arg);
 }
 
 template <class... Shown>
