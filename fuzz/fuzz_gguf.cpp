@@ -4,6 +4,7 @@
 
 #include "fuzz/fuzz_input.h"
 #include "lowbit/io/gguf.h"
+#include "lowbit/model/family.h"
 #include "lowbit/model/gguf_model.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -20,7 +21,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (const auto& t : file->header().tensors)
       if (t.bytes <= (1u << 20)) file->dequantize(t);
   });
-  fuzz::refuse_or_accept([&] { model::gguf_config(*file); });
+  fuzz::refuse_or_accept([&] { model::parse_gguf_config(*file); });
   fuzz::refuse_or_accept([&] { fuzz::exercise(*model::gguf_tokenizer(*file)); });
   return 0;
 }

@@ -1,7 +1,7 @@
 // libFuzzer target: config.json of a Hugging Face checkpoint, through the strict JSON reader and the config parser.
 #include "fuzz/fuzz_input.h"
 #include "lowbit/io/json.h"
-#include "lowbit/model/architecture.h"
+#include "lowbit/model/family.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace lowbit;
