@@ -3,6 +3,9 @@
 #include "fuzz/fuzz_input.h"
 #include "lowbit/io/safetensors.h"
 
+// Reads of each view's last byte land here, so that ASan sees them (a view past the mapping is a finding).
+volatile std::byte g_last_byte{};
+
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace lowbit;
   const auto path = fuzz::write_file("model.safetensors", fuzz::as_text(data, size));
@@ -12,8 +15,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (const auto& name : file.names()) {
       const TensorView view = file.tensor(name);
       total += view.bytes.size();
-      volatile std::byte sink{};
-      if (!view.bytes.empty()) sink = view.bytes.back();  // ASan reports a view past the mapping
+      if (!view.bytes.empty()) g_last_byte = view.bytes.back();
     }
     if (total > size) __builtin_trap();
   });
