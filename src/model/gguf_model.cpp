@@ -1,6 +1,7 @@
 #include "lowbit/model/gguf_model.h"
 
 #include <algorithm>
+#include <cmath>
 #include <unordered_map>
 
 #include <fmt/format.h>
@@ -137,6 +138,12 @@ std::unique_ptr<Tokenizer> gguf_tokenizer(const io::GgufFile& f) {
     fail(Errc::shape, "[gguf] {}: tokenizer.ggml.tokens lists {} tokens, but token_embd.weight has {} rows", f.source(),
          tokens->size(), embed->ne.size() == 2 ? embed->ne[1] : 0);
   const auto types = f.get_floats("tokenizer.ggml.token_type").value_or(std::vector<double>{});
+  // llama.cpp's token types are 0 (undefined) to 6 (byte); a float such as 1e27 cast to int32 was undefined
+  // behaviour (UBSan, found by fuzz_gguf).
+  for (size_t id = 0; id < types.size(); ++id)
+    if (!(types[id] >= 0 && types[id] <= 6 && types[id] == std::floor(types[id])))
+      fail(Errc::format, "[gguf] {}: tokenizer.ggml.token_type[{}] = {} is not a token type (0 to 6)", f.source(), id,
+           types[id]);
   if (*model == "gpt2") return gpt2_tokenizer(f, *tokens, types);
   if (*model == "llama") return llama_tokenizer(f, *tokens, types);
   fail(Errc::unsupported, "[gguf] {}: tokenizer model '{}' is not supported (gpt2, llama)", f.source(), *model);

@@ -367,6 +367,10 @@ std::optional<std::string> template_bos(const json& post) {
 // A token id sizes the tokenizer's tables, so it is bounded before use by what the file could list: a file of n
 // bytes holds fewer than n tokens, so an id of n or more (2^31-1 in a small file) names no real token.
 int32_t token_id_field(const json& id, uint64_t file_bytes, std::string_view field, const std::string& source) {
+  // Integers only: nlohmann converts a float such as 1e98 to an integer without a range check (UBSan, found by
+  // fuzz_tokenizer_json).
+  if (!id.is_number_integer())
+    fail(Errc::format, "[tokenizer] {}: {}: id {} is not an integer", source, field, id.dump());
   const auto v = id.get<int64_t>();
   if (v < 0 || static_cast<uint64_t>(v) >= file_bytes)
     fail(Errc::limit, "[tokenizer] {}: {}: id {} outside [0, {}), the file's size in bytes", source, field, v,

@@ -108,6 +108,32 @@ TEST(HostileInput, GgufTokenListMustMatchTheEmbeddingRows) {
   }
 }
 
+// Found by the fuzzers (UBSan): a float token type or token id converted to an integer out of range.
+TEST(HostileInput, FloatTokenTypesAndIdsAreFormatErrors) {
+  io::GgufBuilder g;
+  g.kv_string("tokenizer.ggml.model", "llama");
+  g.kv_strings("tokenizer.ggml.tokens", {"<unk>", "a"});
+  g.kv_array<float>("tokenizer.ggml.scores", io::GgufValueType::f32, {0.0f, 0.0f});
+  g.kv_array<float>("tokenizer.ggml.token_type", io::GgufValueType::f32, {2.0f, 1.1e27f});
+  const auto image = g.build();
+  try {
+    gguf_tokenizer(io::GgufFile::from_bytes(std::as_bytes(std::span(image)), "vocab.gguf"));
+    ADD_FAILURE() << "gguf: accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::format) << e.what();
+  }
+  const fs::path dir = temp_dir("float-id");
+  std::ofstream(dir / "tokenizer.json") << R"({"model": {"type": "BPE", "vocab": {"a": 1e98}, "merges": []},)"
+                                        << R"( "decoder": {"type": "ByteLevel"}})";
+  try {
+    load_hf_tokenizer(dir / "tokenizer.json");
+    ADD_FAILURE() << "tokenizer.json: accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::format) << e.what();
+  }
+  fs::remove_all(dir);
+}
+
 // Strings from files reach messages escaped and cut: no raw newline or terminal escape, bounded length.
 TEST(HostileInput, NamesFromFilesAreEscapedAndCutInMessages) {
   io::GgufBuilder g;
