@@ -8,7 +8,7 @@ packages=(
   nlohmann-json3-dev libssl-dev libcli11-dev libfmt-dev
   libgtest-dev libgmock-dev libbenchmark-dev libhwy-dev
   libpcre2-dev libsentencepiece-dev libicu-dev libcpp-httplib-dev
-  clang libclang-rt-14-dev jq
+  clang libclang-rt-14-dev clang-format jq
   zlib1g-dev
   # lowbit quantize's default calibration text: /usr/share/debian-reference/debian-reference.en.txt.gz
   debian-reference-en

@@ -22,6 +22,7 @@
 #include "lowbit/core/error.h"
 #include "lowbit/core/mapped_file.h"
 #include "lowbit/core/sha256.h"
+#include "lowbit/core/staged_dir.h"
 #include "lowbit/io/json.h"
 
 namespace lowbit::artifact::audio8 {
@@ -724,45 +725,39 @@ void write_file(const fs::path& path, std::string_view text) {
   if (!f.flush()) fail_errno("export", path.string());
 }
 
-// The staging directory beside the destination, removed unless published.
-class Staging {
- public:
-  explicit Staging(const fs::path& out)
-      : out_(out), dir_(out.parent_path() / fmt::format(".{}.audio8-staging-{}", out.filename().string(), ::getpid())) {
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
-    fs::create_directories(dir_);
-  }
-  ~Staging() {
-    std::error_code ec;
-    if (!published_) fs::remove_all(dir_, ec);
-  }
-  const fs::path& dir() const { return dir_; }
-  void publish(bool force) {
-    std::error_code ec;
-    if (fs::exists(fs::symlink_status(out_, ec))) {
-      if (!force) fail(Errc::exists, "[export] {} exists (use --force to replace it)", out_.string());
-      fs::remove_all(out_);
-    }
-    fs::rename(dir_, out_);
-    published_ = true;
-  }
+// Tokenizer files an export copies from the artifact (FileRole::tokenizer) carry their usual names.
+bool is_tokenizer_file_name(const std::string& name) {
+  return name.starts_with("tokenizer") || name == "special_tokens_map.json" || name == "generation_config.json";
+}
 
- private:
-  fs::path out_, dir_;
-  bool published_ = false;
-};
+// What export --force may replace: a directory that opens as an audio8 bundle (hashes not read) and holds only
+// the files an export writes: manifest, config, the weights file it names, tokenizer files. Anything else (a
+// user's directory with a stray manifest.json, a bundle with the user's notes beside it) is refused and kept.
+bool is_exported_bundle(const fs::path& dir) {
+  try {
+    if (!recognizes(dir)) return false;
+    open(dir, {.verify_hash = false});
+    const json manifest = io::read_json_file(dir / kManifestName, "export", kMaxManifestBytes);
+    const std::string weights = manifest.value("weights_file", "");
+    for (const fs::directory_entry& e : fs::directory_iterator(dir)) {
+      const std::string name = e.path().filename().string();
+      if (!e.is_regular_file() || e.is_symlink()) return false;
+      if (name != kManifestName && name != kConfigName && name != weights && !is_tokenizer_file_name(name))
+        return false;
+    }
+    return true;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
 
 }  // namespace
 
 void export_bundle(const Artifact& art, const fs::path& out_path, const ExportOptions& options) {
   if (options.format != kFormatV1 && options.format != kFormatV2)
     fail(Errc::usage, "[export] format '{}' is not {} or {}", options.format, kFormatV1, kFormatV2);
-  fs::path out = fs::absolute(out_path).lexically_normal();
-  if (!out.has_filename()) out = out.parent_path();  // "dir/" names dir
-  std::error_code ec;
-  if (!options.force && fs::exists(fs::symlink_status(out, ec)))
-    fail(Errc::exists, "[export] {} exists (use --force to replace it)", out.string());
+  StagedDirectory staging(out_path, "export", options.force,
+                          {"an audio8 bundle written by export", is_exported_bundle});
   if (!art.contains(kEmbedding))
     fail(Errc::unsupported, "[export] {}: no {}; audio8 bundles tie the head to the embedding", art.dir().string(),
          kEmbedding);
@@ -793,8 +788,7 @@ void export_bundle(const Artifact& art, const fs::path& out_path, const ExportOp
     fail(Errc::limit, "[export] {}: {} tensors, a bundle holds at most {}", art.dir().string(), records.size(),
          kMaxRecords);
 
-  Staging staging(out);
-  const fs::path payload_path = staging.dir() / weights_file;
+  const fs::path payload_path = staging.path() / weights_file;
   std::ofstream payload(payload_path, std::ios::binary | std::ios::trunc);
   Sha256 sha;
   uint64_t offset = 0;
@@ -827,14 +821,14 @@ void export_bundle(const Artifact& art, const fs::path& out_path, const ExportOp
                    {"aliases", {{bundle_name(std::string(kHead)), bundle_name(std::string(kEmbedding))}}}};
   if (!art.config().empty()) {
     const std::string config = art.config().dump(2) + "\n";
-    write_file(staging.dir() / kConfigName, config);
+    write_file(staging.path() / kConfigName, config);
     manifest["external_assets_not_included"] = {
         {kConfigName, {{"sha256", sha256_hex(std::as_bytes(std::span(config)))}}}};
   }
   for (const fs::path& file : art.files_with_role(FileRole::tokenizer))
-    fs::copy_file(file, staging.dir() / file.filename());
-  write_file(staging.dir() / kManifestName, manifest.dump(2) + "\n");
-  staging.publish(options.force);
+    fs::copy_file(file, staging.path() / file.filename());
+  write_file(staging.path() / kManifestName, manifest.dump(2) + "\n");
+  staging.publish();
 }
 
 }  // namespace lowbit::artifact::audio8

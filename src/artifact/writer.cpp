@@ -1,25 +1,20 @@
 #include "lowbit/artifact/writer.h"
 
 #include <fcntl.h>
-#include <sys/file.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
-#include <csignal>
 #include <functional>
 #include <span>
-#include <cstdio>
-#include <random>
-#include <regex>
-#include <system_error>
 #include <utility>
 
+#include "lowbit/artifact/reader.h"
 #include "lowbit/artifact/records.h"
 #include "lowbit/core/checked.h"
 #include "lowbit/core/error.h"
 #include "lowbit/core/sha256.h"
+#include "lowbit/core/staged_dir.h"
 #include "lowbit/io/safetensors.h"
 
 namespace lowbit::artifact {
@@ -54,11 +49,6 @@ class Fd {
   int fd_;
 };
 
-void fsync_dir(const fs::path& dir) {
-  Fd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (fd.get() < 0 || ::fsync(fd.get()) != 0) fail_errno(kOp, dir.string());
-}
-
 void write_all(int fd, const std::byte* data, size_t size, const fs::path& path) {
   while (size > 0) {
     const ssize_t n = ::write(fd, data, size);
@@ -80,31 +70,6 @@ Fd create_exclusive(const fs::path& path) {
 void finish_file(Fd& fd, const fs::path& path) {
   if (::fsync(fd.get()) != 0) fail_errno(kOp, path.string());
   if (::close(fd.release()) != 0) fail_errno(kOp, path.string());
-}
-
-std::string random_hex() {
-  std::random_device rd;
-  const uint64_t v = (static_cast<uint64_t>(rd()) << 32) ^ rd();
-  return fmt::format("{:016x}", v);
-}
-
-bool pid_alive(long pid) { return pid > 0 && (::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM); }
-
-// ".<name>.lowbit-staging-<pid>-<16 hex>" (a writer's staging directory) or ".<name>.lowbit-old-<pid>-<16 hex>"
-// (an artifact moved aside during a replacement without RENAME_EXCHANGE).
-const std::regex& leftover_pattern() {
-  static const std::regex re(R"(^\.(.+)\.lowbit-(staging|old)-([0-9]{1,10})-[0-9a-f]{16}$)");
-  return re;
-}
-
-std::string leftover_name(const std::string& artifact, std::string_view kind) {
-  return fmt::format(".{}.lowbit-{}-{}-{}", artifact, kind, ::getpid(), random_hex());
-}
-
-// True when nobody holds the staging directory's lock (the writer holds it for its whole life).
-bool lock_is_free(const fs::path& dir) {
-  Fd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
-  return fd.get() >= 0 && ::flock(fd.get(), LOCK_EX | LOCK_NB) == 0;
 }
 
 // A dense tensor's parameters for a stored dtype.
@@ -130,46 +95,36 @@ std::string array_key(const std::string& tensor, const std::string& role) {
   return tensor + ":" + role;
 }
 
-bool replaceable(const fs::path& dest) {
-  const auto st = fs::symlink_status(dest);
-  if (!fs::is_directory(st)) return false;
-  return fs::is_empty(dest) || fs::is_regular_file(fs::symlink_status(dest / kManifestName));
+// What --force may replace: an empty directory, or one that opens as a lowbit artifact (manifest valid, every file
+// declared and of its declared size, no undeclared file). A user's directory that merely holds a manifest.json is
+// not one, and is left alone. Hashes are not checked (that would read every byte of what is about to be deleted).
+bool is_lowbit_artifact(const fs::path& dir) {
+  if (fs::is_empty(dir)) return true;
+  try {
+    Artifact::open(dir, {.verify_hash = false});
+    return true;
+  } catch (const Error&) {
+    return false;
+  }
 }
 
 }  // namespace
 
-size_t clean_stale_staging(const fs::path& parent) {
-  size_t handled = 0;
-  std::error_code ec;
-  for (fs::directory_iterator it(parent, ec), end; !ec && it != end; it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    std::smatch m;
-    if (name.empty() || name.front() != '.' || !std::regex_match(name, m, leftover_pattern())) continue;
-    if (!it->is_directory(ec) || it->is_symlink(ec) || pid_alive(std::stol(m[3].str()))) continue;
-    std::error_code ignored;
-    if (m[2] == "staging") {
-      if (!lock_is_free(it->path())) continue;
-      fs::remove_all(it->path(), ignored);
-    } else if (!fs::exists(fs::symlink_status(parent / m[1].str()))) {
-      fs::rename(it->path(), parent / m[1].str(), ignored);  // the replacement never happened: put it back
-    } else {
-      fs::remove_all(it->path(), ignored);
-    }
-    ++handled;
-  }
-  return handled;
-}
-
 struct ArtifactWriter::Impl {
-  fs::path dest, parent, staging;
-  std::string name;
+  Impl(const fs::path& destination, WriterOptions options)
+      : options(options),
+        dir(destination, kOp, options.force, {"a lowbit artifact", is_lowbit_artifact}),
+        dest(dir.destination()),
+        staging(dir.path()) {}
+
   WriterOptions options;
-  Fd lock;
+  StagedDirectory dir;
+  const fs::path& dest;
+  const fs::path& staging;
   Manifest manifest;
   std::vector<std::pair<std::string, TensorBuffer>> shard;  // (key, array) awaiting the current payload file
   uint64_t shard_bytes = 0;
   size_t shards_written = 0;
-  bool committed = false;
   std::string recipe_text;  // as written to recipe.json, checked again at commit
 
   uint64_t files_bytes() const {  // every file written so far, the manifest not included
@@ -223,68 +178,15 @@ struct ArtifactWriter::Impl {
     finish_file(out, path);
     manifest.files.push_back({std::move(file), role, size, hash.hex()});
   }
-
-  void check_replaceable() const {
-    if (!options.force) fail(Errc::exists, "[{}] {}: exists (use --force to replace it)", kOp, dest.string());
-    if (!replaceable(dest))
-      fail(Errc::exists, "[{}] {}: is not a lowbit artifact directory; refusing to replace it", kOp, dest.string());
-  }
-
-  void publish() {
-    const int flags = fs::exists(fs::symlink_status(dest)) ? RENAME_EXCHANGE : RENAME_NOREPLACE;
-    if (flags == RENAME_EXCHANGE) check_replaceable();
-    if (::renameat2(AT_FDCWD, staging.c_str(), AT_FDCWD, dest.c_str(), flags) == 0) {
-      committed = true;
-      fsync_dir(parent);
-      if (flags == RENAME_EXCHANGE) fs::remove_all(staging);  // now holds the old artifact
-      return;
-    }
-    if (errno == EEXIST) fail(Errc::exists, "[{}] {}: appeared while writing", kOp, dest.string());
-    if (errno != EINVAL && errno != ENOSYS && errno != ENOTSUP) fail_errno(kOp, dest.string());
-    publish_by_two_renames(flags == RENAME_EXCHANGE);
-  }
-
-  // For filesystems without renameat2 flags. Between the two renames the destination is absent; the old artifact
-  // waits under ".<name>.lowbit-old-<pid>-<hex>", which clean_stale_staging() renames back if we die there.
-  void publish_by_two_renames(bool replace) {
-    const fs::path old = parent / leftover_name(name, "old");
-    if (replace) fs::rename(dest, old);
-    fs::rename(staging, dest);
-    committed = true;
-    fsync_dir(parent);
-    if (replace) fs::remove_all(old);
-  }
 };
 
-ArtifactWriter::ArtifactWriter(fs::path destination, WriterOptions options) : impl_(std::make_unique<Impl>()) {
-  Impl& w = *impl_;
-  w.dest = fs::absolute(destination).lexically_normal();
-  if (!w.dest.has_filename()) w.dest = w.dest.parent_path();
-  w.parent = w.dest.parent_path();
-  w.name = w.dest.filename().string();
-  w.options = options;
-  if (w.options.shard_bytes == 0) fail(Errc::usage, "[{}] the shard size must be at least 1 byte", kOp);
-  if (!fs::is_directory(w.parent))
-    fail(Errc::io, "[{}] {}: parent directory does not exist", kOp, w.parent.string());
-  clean_stale_staging(w.parent);
-  if (fs::exists(fs::symlink_status(w.dest))) w.check_replaceable();
-  w.staging = w.parent / leftover_name(w.name, "staging");
-  if (::mkdir(w.staging.c_str(), 0755) != 0) fail_errno(kOp, w.staging.string());
-  w.lock = Fd(::open(w.staging.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (w.lock.get() < 0 || ::flock(w.lock.get(), LOCK_EX | LOCK_NB) != 0) {
-    std::error_code ignored;
-    fs::remove_all(w.staging, ignored);
-    fail_errno(kOp, w.staging.string());
-  }
-  w.manifest.provenance.tool = "lowbit " LOWBIT_VERSION;
+ArtifactWriter::ArtifactWriter(fs::path destination, WriterOptions options) {
+  if (options.shard_bytes == 0) fail(Errc::usage, "[{}] the shard size must be at least 1 byte", kOp);
+  impl_ = std::make_unique<Impl>(destination, options);
+  impl_->manifest.provenance.tool = "lowbit " LOWBIT_VERSION;
 }
 
-ArtifactWriter::~ArtifactWriter() {
-  if (!impl_->committed) {
-    std::error_code ignored;
-    fs::remove_all(impl_->staging, ignored);
-  }
-}
+ArtifactWriter::~ArtifactWriter() = default;
 
 void ArtifactWriter::add(std::string name, const Shape& shape, std::string_view codec_id, codec::EncodedTensor tensor) {
   Impl& w = *impl_;
@@ -355,7 +257,7 @@ void ArtifactWriter::set_recipe(const nlohmann::json& recipe) {
 
 const Manifest& ArtifactWriter::commit(const std::function<nlohmann::json(uint64_t artifact_bytes)>& quality) {
   Impl& w = *impl_;
-  if (w.committed) fail(Errc::internal, "[{}] {}: committed twice", kOp, w.dest.string());
+  if (w.dir.published()) fail(Errc::internal, "[{}] {}: committed twice", kOp, w.dest.string());
   w.flush_shard();
   std::string quality_text;
   if (quality) {
@@ -381,8 +283,7 @@ const Manifest& ArtifactWriter::commit(const std::function<nlohmann::json(uint64
   Fd out = create_exclusive(path);
   write_all(out.get(), reinterpret_cast<const std::byte*>(text.data()), text.size(), path);
   finish_file(out, path);
-  fsync_dir(w.staging);
-  w.publish();
+  w.dir.publish();
   return w.manifest;
 }
 

@@ -44,7 +44,7 @@ void run(const Args& a) {
   set_default_threads(a.threads);
   const auto model = model::load_model(a.model, {.max_seq = a.context});
   model::use_device(*model, a.device);
-  const auto tokenizer = model::load_tokenizer(a.model, a.tokenizer);
+  const auto tokenizer = model::load_tokenizer_for(*model, a.model, a.tokenizer);
   model::ChatTemplate tmpl;
   if (a.template_file) {
     tmpl = model::chat_template_from_file(*a.template_file, a.model, *tokenizer);

@@ -25,7 +25,7 @@ void run(const Args& a) {
   set_default_threads(a.threads);
   const auto model = model::load_model(a.model);
   model::use_device(*model, a.device);
-  const auto tokenizer = model::load_tokenizer(a.model, a.tokenizer);
+  const auto tokenizer = model::load_tokenizer_for(*model, a.model, a.tokenizer);
   model::GenerateOptions gen = a.gen;
   gen.sampler.seed = a.seed ? *a.seed : std::random_device{}();
   const auto stats = model::generate(*model, *tokenizer, gen, default_pool(), [](std::string_view text) {

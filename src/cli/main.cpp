@@ -35,7 +35,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "lowbit: error: out of memory\n");
     return 1;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "lowbit: error: %s\n", e.what());
+    std::fprintf(stderr, "lowbit: error: %s\n", lowbit::printable(e.what(), lowbit::Error::kMaxMessageBytes).c_str());
     return 1;
   }
   return 0;

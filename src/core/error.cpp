@@ -1,5 +1,6 @@
 #include "lowbit/core/error.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -42,6 +43,29 @@ bool is_invalid_input(Errc code) {
 int exit_code(Errc code) {
   if (code == Errc::usage) return 2;
   return is_invalid_input(code) ? 3 : 1;
+}
+
+std::string printable(std::string_view text, size_t max_bytes) {
+  std::string out;
+  size_t keep = std::min(text.size(), max_bytes);
+  // A cut falls before a UTF-8 sequence, not inside one.
+  if (keep < text.size())
+    while (keep > 0 && (static_cast<unsigned char>(text[keep]) & 0xC0) == 0x80) --keep;
+  const std::string_view kept = text.substr(0, keep);
+  out.reserve(kept.size());
+  for (const char c : kept) {
+    const auto byte = static_cast<unsigned char>(c);
+    if (c == '\n')
+      out += "\\n";
+    else if (c == '\t')
+      out += "\\t";
+    else if (byte < 0x20 || byte == 0x7f)
+      out += fmt::format("\\x{:02x}", byte);
+    else
+      out += c;
+  }
+  if (text.size() > max_bytes) out += fmt::format("... ({} bytes)", text.size());
+  return out;
 }
 
 void fail_errno(std::string_view op, std::string_view path) {

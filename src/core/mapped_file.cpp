@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstring>
 #include <utility>
 
 #include "lowbit/core/error.h"
@@ -34,7 +35,9 @@ FileIdentity file_identity(const std::filesystem::path& path) {
 }
 
 MappedFile MappedFile::open(const std::filesystem::path& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO for reading otherwise waits for a writer, forever; with it the open returns at once
+  // and the type check below refuses the FIFO (the flag changes nothing for a regular file).
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     if (errno == ELOOP) fail(Errc::unsafe_path, "[mmap] {}: is a symlink", path.string());
     if (errno == ENOENT) fail(Errc::missing_file, "[mmap] {}: file is missing", path.string());
@@ -63,6 +66,12 @@ MappedFile MappedFile::open(const std::filesystem::path& path) {
   }
   ::close(fd);
   return file;
+}
+
+bool file_starts_with(const std::filesystem::path& path, std::string_view magic) {
+  const MappedFile file = MappedFile::open(path);
+  const auto bytes = file.bytes();
+  return bytes.size() >= magic.size() && std::memcmp(bytes.data(), magic.data(), magic.size()) == 0;
 }
 
 MappedFile::MappedFile(MappedFile&& other) noexcept { *this = std::move(other); }

@@ -1,12 +1,13 @@
 #include "lowbit/model/gguf_model.h"
 
 #include <algorithm>
-#include <fstream>
+#include <cmath>
 #include <unordered_map>
 
 #include <fmt/format.h>
 
 #include "lowbit/core/error.h"
+#include "lowbit/core/mapped_file.h"
 #include "lowbit/model/family.h"
 #include "lowbit/model/tokenizers.h"
 
@@ -123,9 +124,8 @@ std::unique_ptr<Tokenizer> llama_tokenizer(const io::GgufFile& f, const std::vec
 }  // namespace
 
 bool is_gguf_file(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  char magic[4] = {};
-  return in.read(magic, 4) && std::string_view(magic, 4) == "GGUF";
+  std::error_code ec;
+  return std::filesystem::is_regular_file(std::filesystem::symlink_status(path, ec)) && file_starts_with(path, "GGUF");
 }
 
 std::unique_ptr<Model> load_gguf_model(const std::filesystem::path& path, const LoadOptions& options) {
@@ -160,7 +160,20 @@ std::unique_ptr<Tokenizer> gguf_tokenizer(const io::GgufFile& f) {
   const auto model = f.get_string("tokenizer.ggml.model");
   const auto tokens = f.get_strings("tokenizer.ggml.tokens");
   if (!model || !tokens || tokens->empty()) fail(Errc::format, "[gguf] {}: no embedded tokenizer", f.source());
+  // llama.cpp builds token_embd as [n_embd, n_tokens] and refuses any other shape, so a vocabulary padded to a
+  // multiple (gemma-style) lists its padding tokens; lowbit asks for the same exact match. A vocabulary-only file
+  // (no token_embd) has nothing to match.
+  if (const auto* embed = f.tensor("token_embd.weight");
+      embed && (embed->ne.size() != 2 || embed->ne[1] != tokens->size()))
+    fail(Errc::shape, "[gguf] {}: tokenizer.ggml.tokens lists {} tokens, but token_embd.weight has {} rows", f.source(),
+         tokens->size(), embed->ne.size() == 2 ? embed->ne[1] : 0);
   const auto types = f.get_floats("tokenizer.ggml.token_type").value_or(std::vector<double>{});
+  // llama.cpp's token types are 0 (undefined) to 6 (byte); a float such as 1e27 cast to int32 was undefined
+  // behaviour (UBSan, found by fuzz_gguf).
+  for (size_t id = 0; id < types.size(); ++id)
+    if (!(types[id] >= 0 && types[id] <= 6 && types[id] == std::floor(types[id])))
+      fail(Errc::format, "[gguf] {}: tokenizer.ggml.token_type[{}] = {} is not a token type (0 to 6)", f.source(), id,
+           types[id]);
   if (*model == "gpt2") return gpt2_tokenizer(f, *tokens, types);
   if (*model == "llama") return llama_tokenizer(f, *tokens, types);
   fail(Errc::unsupported, "[gguf] {}: tokenizer model '{}' is not supported (gpt2, llama)", f.source(), *model);

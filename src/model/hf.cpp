@@ -70,9 +70,12 @@ std::unique_ptr<Model> load_hf(const std::filesystem::path& dir, const LoadOptio
 void write_hf(const Model& model, const std::filesystem::path& out,
               const std::vector<std::filesystem::path>& extra_files) {
   std::error_code ec;
-  if (std::filesystem::exists(out, ec)) fail(Errc::exists, "[convert] {}: already exists", out.string());
-  if (!std::filesystem::create_directories(out, ec))
-    fail(Errc::io, "[convert] {}: cannot create the directory: {}", out.string(), ec.message());
+  // An empty directory is taken as it is: `lowbit convert` writes into a staging directory (core/staged_dir.h).
+  if (std::filesystem::exists(out, ec) &&
+      !(std::filesystem::is_directory(out, ec) && std::filesystem::is_empty(out, ec)))
+    fail(Errc::exists, "[convert] {}: already exists", out.string());
+  std::filesystem::create_directories(out, ec);
+  if (ec) fail(Errc::io, "[convert] {}: cannot create the directory: {}", out.string(), ec.message());
   ModelConfig hf_config = model.config;
   hf_config.rope_style = RopeStyle::half;
   {

@@ -49,6 +49,8 @@ class Llama2cTokenizer final : public Tokenizer {
     for (size_t i = 0; i < pieces_.size(); ++i) lookup_.emplace(pieces_[i], static_cast<int32_t>(i));
   }
 
+  bool lists_every_row() const override { return true; }
+
   std::vector<int32_t> encode(std::string_view text, bool add_bos, bool) const override {
     std::vector<int32_t> tokens;
     if (add_bos) tokens.push_back(kBos);

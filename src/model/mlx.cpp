@@ -1,7 +1,9 @@
 #include "lowbit/model/mlx.h"
 
+#include <limits>
 #include <set>
 
+#include "lowbit/core/checked.h"
 #include "lowbit/core/error.h"
 #include "lowbit/io/json.h"
 #include "lowbit/io/safetensors.h"
@@ -70,7 +72,12 @@ std::unique_ptr<Model> load_mlx(const std::filesystem::path& dir, const LoadOpti
     if (bits < 1 || bits > 8) fail(Errc::codec_params, "[load_mlx] {}: '{}' has {} bits", source, module, bits);
     codec::TensorRef ref;
     ref.codec = &affine;
-    ref.shape = {codes.shape[0], codes.shape[1] * 32 / bits};
+    // 32 / bits codes per U32 word; the column count must still fit the signed shape it goes into.
+    const std::string what = fmt::format("[load_mlx] {}: '{}.weight' columns", source, module);
+    const uint64_t cols = checked_mul(static_cast<uint64_t>(codes.shape[1]), 32, what) / static_cast<uint64_t>(bits);
+    if (cols > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+      fail(Errc::overflow, "{}: {} do not fit 63 bits", what, cols);
+    ref.shape = {codes.shape[0], static_cast<int64_t>(cols)};
     ref.params = {{"bits", bits}, {"group_size", group}, {"scale_dtype", float_dtype_param(scales.dtype, name, source)}};
     ref.arrays.items = {{"codes", codes}, {"scales", scales}, {"biases", biases}};
     codec::validate_tensor(ref, fmt::format("[load_mlx] {}: '{}'", source, module));

@@ -8,13 +8,13 @@
 #include <algorithm>
 #include <array>
 #include <cctype>
-#include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <queue>
 #include <unordered_map>
 
 #include "lowbit/core/error.h"
+#include "lowbit/io/json.h"
 #include "lowbit/model/tokenizers.h"
 #include "tokenizer_util.h"
 
@@ -296,11 +296,14 @@ namespace {
 
 using nlohmann::json;
 
+// The largest tokenizer.json files (256k-entry vocabularies with their merges) are tens of MiB.
+constexpr uint64_t kMaxTokenizerJsonBytes = 512ull << 20;
+
+// Through the strict reader: regular files only, bounded size, and bounded nesting, which also bounds the
+// recursion of read_normalizer and read_pre_tokenizer over nested "Sequence"s.
 json read_json(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail_errno("tokenizer", path.string());
-  json j = json::parse(in, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) fail(Errc::format, "[tokenizer] {}: not a JSON object", path.string());
+  json j = io::read_json_file(path, "tokenizer", kMaxTokenizerJsonBytes);
+  if (!j.is_object()) fail(Errc::format, "[tokenizer] {}: not a JSON object", path.string());
   return j;
 }
 
@@ -361,12 +364,27 @@ std::optional<std::string> template_bos(const json& post) {
   return single[0].at("SpecialToken").at("id").get<std::string>();
 }
 
-void read_model(const json& model, BpeSpec& spec, const std::string& source) {
+// A token id sizes the tokenizer's tables, so it is bounded before use by what the file could list: a file of n
+// bytes holds fewer than n tokens, so an id of n or more (2^31-1 in a small file) names no real token.
+int32_t token_id_field(const json& id, uint64_t file_bytes, std::string_view field, const std::string& source) {
+  // Integers only: nlohmann converts a float such as 1e98 to an integer without a range check (UBSan, found by
+  // fuzz_tokenizer_json).
+  if (!id.is_number_integer())
+    fail(Errc::format, "[tokenizer] {}: {}: id {} is not an integer", source, field, id.dump());
+  const auto v = id.get<int64_t>();
+  if (v < 0 || static_cast<uint64_t>(v) >= file_bytes)
+    fail(Errc::limit, "[tokenizer] {}: {}: id {} outside [0, {}), the file's size in bytes", source, field, v,
+         file_bytes);
+  return static_cast<int32_t>(v);
+}
+
+void read_model(const json& model, BpeSpec& spec, uint64_t file_bytes, const std::string& source) {
   if (model.value("type", "") != "BPE" || model.value("byte_fallback", false) ||
       !model.value("continuing_subword_prefix", "").empty() || !model.value("end_of_word_suffix", "").empty())
     unsupported(source, "model", json{{"type", model.value("type", "")}});
   spec.ignore_merges = model.value("ignore_merges", false);
-  for (const auto& [token, id] : model.at("vocab").items()) spec.vocab.emplace_back(token, id.get<int32_t>());
+  for (const auto& [token, id] : model.at("vocab").items())
+    spec.vocab.emplace_back(token, token_id_field(id, file_bytes, "model.vocab", source));
   for (const auto& merge : model.at("merges")) {
     if (merge.is_array() && merge.size() == 2) {
       spec.merges.emplace_back(merge[0].get<std::string>(), merge[1].get<std::string>());
@@ -416,18 +434,19 @@ void read_special_ids(const json& root, const json& config, BpeSpec& spec) {
 std::unique_ptr<Tokenizer> load_hf_tokenizer(const std::filesystem::path& tokenizer_json) {
   const std::string source = tokenizer_json.string();
   const json root = read_json(tokenizer_json);
+  const uint64_t file_bytes = std::filesystem::file_size(tokenizer_json);
   const auto config_path = tokenizer_json.parent_path() / "tokenizer_config.json";
   const json config = std::filesystem::exists(config_path) ? read_json(config_path) : json::object();
   BpeSpec spec;
   try {
-    read_model(root.at("model"), spec, source);
+    read_model(root.at("model"), spec, file_bytes, source);
     read_normalizer(root.value("normalizer", json()), spec, source);
     read_pre_tokenizer(root.value("pre_tokenizer", json()), spec, source);
     const json decoder = root.value("decoder", json());
     if (!decoder.is_object() || decoder.value("type", "") != "ByteLevel") unsupported(source, "decoder", decoder);
     for (const auto& added : root.value("added_tokens", json::array()))
-      spec.added.push_back({added.at("id").get<int32_t>(), added.at("content").get<std::string>(),
-                            added.value("special", false)});
+      spec.added.push_back({token_id_field(added.at("id"), file_bytes, "added_tokens", source),
+                            added.at("content").get<std::string>(), added.value("special", false)});
     read_special_ids(root, config, spec);
   } catch (const json::exception& e) {
     fail(Errc::format, "[tokenizer] {}: {}", source, e.what());

@@ -2,9 +2,11 @@
 // rebuilt into a ModelProto (written here in protobuf wire format, so no protobuf dependency is needed).
 #include <sentencepiece_processor.h>
 
+#include <cctype>
 #include <cstring>
 
 #include "lowbit/core/error.h"
+#include "lowbit/core/mapped_file.h"
 #include "lowbit/model/tokenizers.h"
 #include "tokenizer_util.h"
 
@@ -105,6 +107,177 @@ class SpmTokenizer final : public Tokenizer {
   detail::LiteralMatcher user_defined_;
 };
 
+// Protobuf wire format reading with every length checked against what is left: lowbit looks at a SentencePiece
+// model before libsentencepiece does, since the library trusts the tables it loads.
+class ProtoReader {
+ public:
+  ProtoReader(std::string_view bytes, std::string_view source, std::string_view what)
+      : rest_(bytes), source_(source), what_(what) {}
+
+  // Reads the next field's key; false at the end of the message.
+  bool next() {
+    if (rest_.empty()) return false;
+    const uint64_t key = varint();
+    field_ = key >> 3;
+    wire_ = static_cast<int>(key & 7);
+    return true;
+  }
+  uint64_t field() const { return field_; }
+
+  uint64_t varint() {
+    uint64_t v = 0;
+    for (int shift = 0; shift < 64; shift += 7) {
+      const auto byte = static_cast<uint8_t>(take(1)[0]);
+      v |= static_cast<uint64_t>(byte & 0x7F) << shift;
+      if (!(byte & 0x80)) return v;
+    }
+    broken("a varint longer than 10 bytes");
+  }
+  std::string_view bytes() {
+    expect(2);
+    return take(varint());
+  }
+  float fixed32() {
+    expect(5);
+    float f;
+    std::memcpy(&f, take(4).data(), 4);
+    return f;
+  }
+  uint64_t varint_field() {
+    expect(0);
+    return varint();
+  }
+  void skip() {
+    switch (wire_) {
+      case 0: varint(); return;
+      case 1: take(8); return;
+      case 2: take(varint()); return;
+      case 5: take(4); return;
+      default: broken(fmt::format("field {} has wire type {}", field_, wire_));
+    }
+  }
+
+ private:
+  void expect(int wire) {
+    if (wire_ != wire) broken(fmt::format("field {} has wire type {}, expected {}", field_, wire_, wire));
+  }
+  std::string_view take(uint64_t n) {
+    if (n > rest_.size()) broken(fmt::format("field {} runs {} bytes past the end", field_, n - rest_.size()));
+    const std::string_view out = rest_.substr(0, n);
+    rest_.remove_prefix(n);
+    return out;
+  }
+  [[noreturn]] void broken(const std::string& why) const {
+    fail(Errc::format, "[tokenizer] {}: {}: {}", source_, what_, why);
+  }
+
+  std::string_view rest_;
+  std::string_view source_, what_;
+  uint64_t field_ = 0;
+  int wire_ = 0;
+};
+
+void check_piece(std::string_view piece, int64_t type, std::string_view source) {
+  if (type < 1 || type > 6) fail(Errc::format, "[tokenizer] {}: piece '{}' has type {}", source, piece, type);
+  if (piece.empty()) fail(Errc::format, "[tokenizer] {}: an empty piece", source);
+  const auto hex = [](char c) { return std::isxdigit(static_cast<unsigned char>(c)) != 0; };
+  if (type == kTypeByte &&
+      (piece.size() != 6 || piece.substr(0, 3) != "<0x" || !hex(piece[3]) || !hex(piece[4]) || piece[5] != '>'))
+    fail(Errc::format, "[tokenizer] {}: byte piece '{}' is not <0xXX>", source, piece);
+}
+
+// A darts-clone double array unit (the trie of a precompiled charsmap), as libsentencepiece reads it.
+struct DartsUnit {
+  uint32_t bits;
+  bool has_leaf() const { return (bits >> 8) & 1; }
+  uint32_t value() const { return bits & 0x7FFFFFFF; }
+  uint32_t label() const { return bits & (0x80000000u | 0xFF); }
+  uint32_t offset() const { return (bits >> 10) << ((bits & (1u << 9)) >> 6); }
+};
+
+// A NormalizerSpec's precompiled_charsmap: [u32 trie bytes][darts trie][NUL-terminated replacement strings].
+// libsentencepiece walks the trie from the root for every input byte and reads the replacement at a leaf's value,
+// all unchecked; this walks every node any input can reach and checks each read stays inside the blob.
+void check_charsmap(std::string_view blob, std::string_view source) {
+  constexpr size_t kMaxCharsmapBytes = 16 << 20;
+  if (blob.size() > kMaxCharsmapBytes)
+    fail(Errc::limit, "[tokenizer] {}: precompiled_charsmap of {} bytes, more than {}", source, blob.size(),
+         kMaxCharsmapBytes);
+  if (blob.size() < 4) fail(Errc::format, "[tokenizer] {}: precompiled_charsmap of {} bytes", source, blob.size());
+  uint32_t trie_bytes;
+  std::memcpy(&trie_bytes, blob.data(), 4);
+  if (trie_bytes > blob.size() - 4 || trie_bytes % 4 != 0 || trie_bytes == 0)
+    fail(Errc::format, "[tokenizer] {}: precompiled_charsmap: trie of {} bytes in a blob of {}", source, trie_bytes,
+         blob.size());
+  std::vector<DartsUnit> units(trie_bytes / 4);
+  std::memcpy(units.data(), blob.data() + 4, trie_bytes);
+  const std::string_view replacements = blob.substr(4 + trie_bytes);
+  const auto broken = [&](uint64_t node, std::string_view why) {
+    fail(Errc::format, "[tokenizer] {}: precompiled_charsmap: trie node {} {}", source, node, why);
+  };
+  // A base is where a node's children sit: child for byte c at base ^ c, so a base needs all 256 slots inside.
+  std::vector<bool> seen(units.size());
+  std::vector<uint32_t> bases{units[0].offset()};
+  while (!bases.empty()) {
+    const uint32_t base = bases.back();
+    bases.pop_back();
+    if ((uint64_t{base} | 0xFF) >= units.size()) broken(base, "has children outside the trie");
+    if (seen[base]) continue;
+    seen[base] = true;
+    for (uint32_t c = 0; c < 256; ++c) {
+      const uint32_t node = base ^ c;
+      if (units[node].label() != c) continue;
+      const uint32_t next = node ^ units[node].offset();
+      if (units[node].has_leaf()) {
+        if (next >= units.size()) broken(node, "has its value outside the trie");
+        const uint32_t at = units[next].value();
+        if (at >= replacements.size() || replacements.find('\0', at) == std::string_view::npos)
+          broken(node, "maps to a replacement outside the blob");
+      }
+      bases.push_back(next);
+    }
+  }
+}
+
+// sentencepiece_model.proto: ModelProto{pieces=1, normalizer_spec=3, denormalizer_spec=5};
+// SentencePiece{piece=1, score=2, type=3}; NormalizerSpec{precompiled_charsmap=2}.
+void check_model_proto(std::string_view proto, std::string_view source) {
+  ProtoReader model(proto, source, "ModelProto");
+  size_t pieces = 0;
+  while (model.next()) {
+    if (model.field() == 1) {
+      ProtoReader entry(model.bytes(), source, "SentencePiece");
+      std::string_view piece;
+      int64_t type = 1;  // NORMAL when absent
+      while (entry.next()) {
+        if (entry.field() == 1)
+          piece = entry.bytes();
+        else if (entry.field() == 2)
+          entry.fixed32();
+        else if (entry.field() == 3)
+          type = static_cast<int64_t>(entry.varint_field());
+        else
+          entry.skip();
+      }
+      check_piece(piece, type, source);
+      ++pieces;
+    } else if (model.field() == 3 || model.field() == 5) {
+      ProtoReader spec(model.bytes(), source, "NormalizerSpec");
+      while (spec.next()) {
+        if (spec.field() == 2) {
+          const std::string_view charsmap = spec.bytes();
+          if (!charsmap.empty()) check_charsmap(charsmap, source);
+        } else {
+          spec.skip();
+        }
+      }
+    } else {
+      model.skip();
+    }
+  }
+  if (pieces == 0) fail(Errc::format, "[tokenizer] {}: a SentencePiece model without pieces", source);
+}
+
 std::optional<int32_t> positive(int id) { return id >= 0 ? std::optional<int32_t>(id) : std::nullopt; }
 
 // Protobuf wire format, just the field kinds a ModelProto needs.
@@ -170,8 +343,15 @@ std::string model_proto(const std::vector<SpmPiece>& pieces, bool add_space_pref
 }  // namespace
 
 std::unique_ptr<Tokenizer> load_sentencepiece(const std::filesystem::path& model_file) {
+  constexpr uint64_t kMaxModelBytes = 256 << 20;
+  const MappedFile file = MappedFile::open(model_file);
+  if (file.size() > kMaxModelBytes)
+    fail(Errc::limit, "[tokenizer] {}: {} bytes, more than the {} allowed", model_file.string(), file.size(),
+         kMaxModelBytes);
+  const std::string_view proto(reinterpret_cast<const char*>(file.bytes().data()), file.size());
+  check_model_proto(proto, model_file.string());
   auto sp = std::make_unique<sentencepiece::SentencePieceProcessor>();
-  const auto status = sp->Load(model_file.string());
+  const auto status = sp->LoadFromSerializedProto(proto);
   if (!status.ok())
     fail(Errc::format, "[tokenizer] {}: sentencepiece cannot load it: {}", model_file.string(), status.ToString());
   const auto bos = positive(sp->bos_id());
@@ -185,9 +365,7 @@ std::unique_ptr<Tokenizer> make_sentencepiece(const std::vector<SpmPiece>& piece
                                               bool add_space_prefix) {
   bool has_unknown = false;
   for (const auto& p : pieces) {
-    if (p.type < 1 || p.type > 6) fail(Errc::format, "[tokenizer] {}: piece '{}' has type {}", source, p.piece, p.type);
-    if (p.type == kTypeByte && (p.piece.size() != 6 || p.piece.compare(0, 3, "<0x") != 0 || p.piece[5] != '>'))
-      fail(Errc::format, "[tokenizer] {}: byte piece '{}' is not <0xXX>", source, p.piece);
+    check_piece(p.piece, p.type, source);
     has_unknown |= p.type == kTypeUnknown;
   }
   if (!has_unknown) fail(Errc::format, "[tokenizer] {}: no unknown-token piece", source);

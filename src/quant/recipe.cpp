@@ -2,14 +2,14 @@
 
 #include <fmt/ranges.h>
 
-#include <fstream>
-#include <sstream>
-
 #include "lowbit/core/error.h"
+#include "lowbit/io/json.h"
 
 namespace lowbit::quant {
 
 namespace {
+
+constexpr uint64_t kMaxRecipeBytes = 1 << 20;
 
 using nlohmann::json;
 
@@ -154,13 +154,7 @@ Recipe Recipe::from_json(const nlohmann::json& j, std::string_view source) {
 }
 
 Recipe Recipe::load(const std::filesystem::path& path) {
-  std::ifstream in(path);
-  if (!in) fail_errno("recipe", path.string());
-  std::stringstream text;
-  text << in.rdbuf();
-  json j = json::parse(text.str(), nullptr, false);
-  if (j.is_discarded()) fail(Errc::format, "[recipe] {}: not valid JSON", path.string());
-  return from_json(j, path.string());
+  return from_json(io::read_json_file(path, "recipe", kMaxRecipeBytes), path.string());
 }
 
 }  // namespace lowbit::quant

@@ -137,6 +137,25 @@ inline Manifest write_valid_artifact(const fs::path& dest, uint64_t seed, Writer
   return w.commit(report);
 }
 
+// A lowbit artifact of every exportable codec: dense BF16/F16/F32, offset_scale q4/q3/q3_full8.
+inline void write_exportable_artifact(const fs::path& dest, uint64_t seed = 11, WriterOptions options = {}) {
+  std::mt19937_64 rng(seed);
+  ArtifactWriter w(dest, options);
+  const auto add = [&](const std::string& name, const Shape& shape, std::string_view codec_id, const json& params) {
+    const auto values = random_values(rng, static_cast<size_t>(checked_numel(shape, name)));
+    w.add(name, shape, codec_id, encode(codec_id, params, shape, values));
+  };
+  add("model.embed_tokens.weight", {16, 64}, "offset_scale", {{"precision", "q4"}});
+  add("model.layers.0.self_attn.q_proj.weight", {8, 128}, "offset_scale", {{"precision", "q3"}});
+  add("model.layers.0.mlp.up_proj.weight", {8, 64}, "offset_scale", {{"precision", "q3_full8"}});
+  add("model.norm.weight", {64}, "dense", {{"dtype", "bf16"}});
+  add("model.layers.0.input_layernorm.weight", {64}, "dense", {{"dtype", "f32"}});
+  add("vision.patch", {3, 3}, "dense", {{"dtype", "f16"}});
+  w.set_config({{"model_type", "qwen3"}, {"tie_word_embeddings", true}});
+  w.add_file_contents("tokenizer.json", FileRole::tokenizer, R"({"model": {"type": "BPE"}})");
+  w.commit();
+}
+
 inline json read_manifest(const fs::path& dir) { return json::parse(read_text(dir / kManifestName)); }
 // As the writer serializes it, so that an edit keeping every value's length keeps the size quality.json states.
 inline void write_manifest(const fs::path& dir, const json& m) { write_text(dir / kManifestName, m.dump(2) + "\n"); }

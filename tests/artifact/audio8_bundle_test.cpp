@@ -502,25 +502,6 @@ TEST(Audio8Bundle, ExportOfImportReproducesThePayload) {
   }
 }
 
-// A lowbit artifact of every exportable codec: dense BF16/F16/F32, offset_scale q4/q3/q3_full8.
-void write_lowbit_artifact(const fs::path& dest) {
-  std::mt19937_64 rng(11);
-  ArtifactWriter w(dest);
-  const auto add = [&](const std::string& name, const Shape& shape, std::string_view codec_id, const json& params) {
-    const auto values = random_values(rng, static_cast<size_t>(checked_numel(shape, name)));
-    w.add(name, shape, codec_id, encode(codec_id, params, shape, values));
-  };
-  add("model.embed_tokens.weight", {16, 64}, "offset_scale", {{"precision", "q4"}});
-  add("model.layers.0.self_attn.q_proj.weight", {8, 128}, "offset_scale", {{"precision", "q3"}});
-  add("model.layers.0.mlp.up_proj.weight", {8, 64}, "offset_scale", {{"precision", "q3_full8"}});
-  add("model.norm.weight", {64}, "dense", {{"dtype", "bf16"}});
-  add("model.layers.0.input_layernorm.weight", {64}, "dense", {{"dtype", "f32"}});
-  add("vision.patch", {3, 3}, "dense", {{"dtype", "f16"}});
-  w.set_config({{"model_type", "qwen3"}, {"tie_word_embeddings", true}});
-  w.add_file_contents("tokenizer.json", FileRole::tokenizer, R"({"model": {"type": "BPE"}})");
-  w.commit();
-}
-
 void expect_same_arrays(const codec::TensorRef& a, const codec::TensorRef& b, const std::string& name) {
   EXPECT_EQ(a.codec, b.codec) << name;
   EXPECT_EQ(a.params, b.params) << name;
@@ -534,7 +515,7 @@ void expect_same_arrays(const codec::TensorRef& a, const codec::TensorRef& b, co
 
 TEST(Audio8Bundle, ImportOfExportKeepsCodesAndScales) {
   TempDir tmp;
-  write_lowbit_artifact(tmp / "a");
+  write_exportable_artifact(tmp / "a");
   const Artifact a = Artifact::open(tmp / "a");
   audio8::export_bundle(a, tmp / "b");
   EXPECT_TRUE(fs::exists(tmp / "b" / "config.json"));

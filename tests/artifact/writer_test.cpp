@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "artifact/artifact_fixture.h"
+#include "lowbit/core/staged_dir.h"
 #include "lowbit/io/safetensors.h"
 
 namespace lowbit::artifact::testing {

@@ -14,6 +14,7 @@
 #include "lowbit/core/sha256.h"
 #include "lowbit/core/tensor.h"
 #include "lowbit/core/thread_pool.h"
+#include "support/fifo_guard.h"
 
 namespace lowbit {
 namespace {
@@ -126,6 +127,48 @@ TEST(MappedFile, MapsAndRefusesSymlinks) {
     EXPECT_EQ(e.code(), Errc::missing_file);
   }
   fs::remove_all(dir);
+}
+
+TEST(MappedFile, RefusesFifosDevicesAndDirectoriesWithoutBlocking) {
+  const fs::path dir = temp_dir("types");
+  EXPECT_EQ(testing::read_fifo(dir / "fifo.bin", [&] { MappedFile::open(dir / "fifo.bin"); }), Errc::unsafe_path);
+  EXPECT_EQ(testing::read_fifo(dir / "magic.bin", [&] { file_starts_with(dir / "magic.bin", "GGUF"); }),
+            Errc::unsafe_path);
+  for (const fs::path& not_a_file : {fs::path("/dev/zero"), dir}) {
+    try {
+      MappedFile::open(not_a_file);
+      FAIL() << not_a_file << " accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), Errc::unsafe_path) << e.what();
+    }
+  }
+  { std::ofstream(dir / "g.bin") << "GGUF rest"; }
+  EXPECT_TRUE(file_starts_with(dir / "g.bin", "GGUF"));
+  EXPECT_FALSE(file_starts_with(dir / "g.bin", "GGUFX rest, longer than the file"));
+  fs::remove_all(dir);
+}
+
+TEST(Error, MessagesEscapeControlCharactersAndCutLongNames) {
+  const std::string hostile = "name\n\x1b[31mred\x7f";
+  try {
+    fail(Errc::format, "[op] {}: tensor {} is bad", "file.bin", hostile);
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "[op] file.bin: tensor name\\n\\x1b[31mred\\x7f is bad");
+  }
+  const std::string long_name(100000, 'x');
+  try {
+    fail(Errc::format, "[op] {}: tensor {} is bad", "file.bin", long_name);
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_LT(what.size(), kMaxShownBytes + 100);
+    EXPECT_NE(what.find("... (100000 bytes) is bad"), std::string::npos) << what;
+  }
+  // An Error built directly (a rethrow that adds context) is made one line too, and escaping twice changes nothing.
+  const Error direct(Errc::format, std::string("a\nb"));
+  EXPECT_STREQ(direct.what(), "a\\nb");
+  EXPECT_EQ(printable(direct.what()), direct.what());
+  // A cut never splits a UTF-8 sequence.
+  EXPECT_EQ(printable("\xc3\xa9\xc3\xa9", 3), "\xc3\xa9... (4 bytes)");
 }
 
 TEST(ThreadPool, CoversTheRangeExactlyOnce) {

@@ -36,7 +36,7 @@ struct FamilyExpected {
 
 inline FamilyExpected read_family_expected(const std::filesystem::path& file) {
   const auto f = io::SafetensorsFile::open(file);
-  const auto values = [&f]<class T>(std::string_view name, DType dtype, T) {
+  const auto values = [&f, &file]<class T>(std::string_view name, DType dtype, T) {
     const TensorView v = f.tensor(name);
     if (v.dtype != dtype) throw std::runtime_error(file.string() + ": " + std::string(name) + " has another dtype");
     return std::vector<T>(v.as<T>(), v.as<T>() + v.bytes.size() / sizeof(T));

@@ -165,6 +165,35 @@ TEST(HfTokenizerJson, BothMergeFormatsAndTemplateBos) {
   fs::remove_all(base);
 }
 
+// A normalizer or pre-tokenizer "Sequence" nested 200,000 deep: reading it recursively overflowed the stack; the
+// strict JSON reader's depth bound now stops it as a one-line limit error.
+TEST(HfTokenizerJson, DeeplyNestedSequenceIsALimitError) {
+  const auto dir = fs::temp_directory_path() / ("lowbit_tok_deep_" + std::to_string(::getpid()));
+  const auto path = write_tokenizer_json(dir, false);
+  const std::string text = json::parse(std::ifstream(path)).dump();
+  constexpr int kDepth = 200000;
+  for (const auto& [field, list] :
+       {std::pair{"normalizer", "normalizers"}, std::pair{"pre_tokenizer", "pretokenizers"}}) {
+    std::string nested;
+    for (int i = 0; i < kDepth; ++i) nested += fmt::format(R"({{"type":"Sequence","{}":[)", list);
+    nested += "null";
+    for (int i = 0; i < kDepth; ++i) nested += "]}";
+    const std::string key = fmt::format(R"("{}":)", field);
+    const size_t at = text.find(key);
+    ASSERT_NE(at, std::string::npos);
+    const size_t end = text.find('}', at) + 1;  // both fields are flat objects in the fixture
+    std::ofstream(path) << text.substr(0, at + key.size()) << nested << text.substr(end);
+    try {
+      load_hf_tokenizer(path);
+      ADD_FAILURE() << field << ": accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), Errc::limit) << e.what();
+      EXPECT_NE(std::string(e.what()).find(path.string()), std::string::npos) << e.what();
+    }
+  }
+  fs::remove_all(dir);
+}
+
 TEST(HfTokenizerJson, RejectsUnknownPreTokenizer) {
   const auto dir = fs::temp_directory_path() / ("lowbit_tok_bad_" + std::to_string(::getpid()));
   auto path = write_tokenizer_json(dir, false);

@@ -4,9 +4,14 @@
 #include <gtest/gtest.h>
 #include <sentencepiece_processor.h>
 
+#include <unistd.h>
 #include <filesystem>
+
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
+
+#include <fmt/format.h>
 
 #include "lowbit/core/error.h"
 #include "lowbit/model/tokenizers.h"
@@ -99,6 +104,119 @@ TEST(SentencePiece, RejectsVocabularyWithoutUnknownPiece) {
     FAIL() << "accepted";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), Errc::format);
+  }
+}
+
+TEST(SentencePiece, RejectsByteLikePieceWithoutHexDigits) {
+  try {
+    make_sentencepiece({{"<unk>", 0, 2}, {"<0xZZ>", 0, 6}}, std::nullopt, {}, false, "test");
+    FAIL() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::format) << e.what();
+  }
+}
+
+// Hostile SentencePiece models: tests/model/fixtures/spm_charsmap.model (make_spm_charsmap.py) is a real model whose
+// NormalizerSpec carries a precompiled_charsmap (A -> a, B -> b, U+FF21 -> aa). A second NormalizerSpec appended to
+// it replaces that charsmap (protobuf merges a repeated message field, the last bytes field wins), which is how a
+// crafted table reaches libsentencepiece.
+
+const fs::path kCharsmapModel = fs::path(LOWBIT_SOURCE_DIR) / "tests/model/fixtures/spm_charsmap.model";
+
+std::string read_bytes(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), {}};
+}
+
+void put_varint(std::string& out, uint64_t v) {
+  for (; v >= 0x80; v >>= 7) out += static_cast<char>((v & 0x7F) | 0x80);
+  out += static_cast<char>(v);
+}
+
+void put_bytes_field(std::string& out, int field, std::string_view bytes) {
+  put_varint(out, static_cast<uint64_t>(field) << 3 | 2);
+  put_varint(out, bytes.size());
+  out += bytes;
+}
+
+// A charsmap blob: [u32 trie bytes][units][replacements]; `trie_bytes` may lie.
+std::string charsmap(const std::vector<uint32_t>& units, std::string_view replacements, uint32_t trie_bytes) {
+  std::string blob(4, '\0');
+  std::memcpy(blob.data(), &trie_bytes, 4);
+  blob.append(reinterpret_cast<const char*>(units.data()), units.size() * 4);
+  blob += replacements;
+  return blob;
+}
+
+fs::path model_with_charsmap(std::string_view blob, const std::string& name) {
+  std::string spec;
+  put_bytes_field(spec, 2, blob);
+  std::string model = read_bytes(kCharsmapModel);
+  put_bytes_field(model, 3, spec);
+  const fs::path p = fs::temp_directory_path() / fmt::format("lowbit-spm-{}-{}.model", name, ::getpid());
+  std::ofstream(p, std::ios::binary) << model;
+  return p;
+}
+
+TEST(SentencePiece, ModelWithARealCharsmapLoadsAndNormalizes) {
+  const auto tok = load_sentencepiece(kCharsmapModel);
+  // The sentencepiece package encodes "AB \uFF21" as ["\u2581ab", "\u2581a", "a"] (make_spm_charsmap.py prints it).
+  EXPECT_EQ(concat_texts(*tok, tok->encode("AB \xEF\xBC\xA1", false)), " ab aa");
+}
+
+TEST(SentencePiece, CraftedCharsmapIsRefusedBeforeTheLibrarySeesIt) {
+  std::vector<uint32_t> units(256, 0);  // all-zero units: a valid trie that maps nothing
+  const std::string strings("x\0", 2);
+  struct Case {
+    std::string name;
+    std::string blob;
+  };
+  std::vector<uint32_t> far_root = units;
+  far_root[0] = (0x3FFFFFu << 10) | (1u << 9);  // root offset 2^30 units: children 4 GiB past the trie
+  std::vector<uint32_t> bad_leaf = units;
+  bad_leaf['A'] = 'A' | (1u << 8);  // a leaf for "A" whose value (the unit itself, 0x141) is past the strings
+  std::vector<uint32_t> leaf_outside = units;
+  leaf_outside['A'] = 'A' | (1u << 8) | (0x1000u << 10);  // the leaf's value unit lies outside the trie
+  const std::vector<Case> cases = {
+      {"trie-size-past-blob",
+       charsmap(units, strings, static_cast<uint32_t>(4 + units.size() * 4 + strings.size() - 1))},
+      {"trie-size-unaligned", charsmap(units, strings, 1022)},
+      {"empty-trie", charsmap({}, strings, 0)},
+      {"root-offset-outside", charsmap(far_root, strings, 1024)},
+      {"leaf-value-outside-strings", charsmap(bad_leaf, strings, 1024)},
+      {"leaf-unit-outside-trie", charsmap(leaf_outside, strings, 1024)},
+      {"short-blob", std::string("\x01\x00", 2)},
+  };
+  for (const auto& c : cases) {
+    const fs::path p = model_with_charsmap(c.blob, c.name);
+    try {
+      const auto tok = load_sentencepiece(p);
+      tok->encode("AAAA BBBB", false);
+      ADD_FAILURE() << c.name << ": accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), Errc::format) << c.name << ": " << e.what();
+      EXPECT_NE(std::string(e.what()).find(p.string()), std::string::npos) << e.what();
+    }
+    fs::remove(p);
+  }
+  // The all-zero trie itself is valid: it maps nothing, so text passes through unchanged (no A -> a).
+  const fs::path p = model_with_charsmap(charsmap(units, strings, 1024), "zero-trie");
+  EXPECT_EQ(concat_texts(*load_sentencepiece(p), load_sentencepiece(p)->encode("ab", false)), " ab");
+  fs::remove(p);
+}
+
+TEST(SentencePiece, TruncatedOrMalformedProtobufIsAFormatError) {
+  const std::string model = read_bytes(kCharsmapModel);
+  for (const size_t cut : {size_t{1}, size_t{7}, model.size() / 2, model.size() - 1}) {
+    const fs::path p = fs::temp_directory_path() / fmt::format("lowbit-spm-cut-{}.model", ::getpid());
+    std::ofstream(p, std::ios::binary) << model.substr(0, cut);
+    try {
+      load_sentencepiece(p);
+      ADD_FAILURE() << "cut at " << cut << ": accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), Errc::format) << e.what();
+    }
+    fs::remove(p);
   }
 }
 

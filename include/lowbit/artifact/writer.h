@@ -4,7 +4,8 @@
 // <random>"); commit() writes the manifest, fsyncs every file and the directory, and renames the staging
 // directory into place. Until commit() returns the destination is untouched; if the writer is destroyed without
 // commit() (an error, an exception) the staging directory is removed. A staging directory left by a killed
-// process is removed by the next writer into the same parent directory.
+// process is removed by the next writer into the same parent directory (lowbit/core/staged_dir.h, shared by every
+// writer). With force, an existing destination is replaced only when it opens as a lowbit artifact.
 #pragma once
 
 #include <cstdint>
@@ -67,10 +68,5 @@ class ArtifactWriter {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
-
-// Removes, in `parent`, staging directories whose writer is gone (its pid is dead and nobody holds its lock), and
-// restores or removes directories an interrupted --force replacement moved aside. Returns how many it handled.
-// ArtifactWriter calls it; exposed for tests.
-size_t clean_stale_staging(const std::filesystem::path& parent);
 
 }  // namespace lowbit::artifact

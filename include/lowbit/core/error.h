@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <type_traits>
 
 namespace lowbit {
 
@@ -45,18 +46,47 @@ std::string_view errc_name(Errc code);
 int exit_code(Errc code);
 bool is_invalid_input(Errc code);
 
+// Text from a file made safe for a one-line message: control characters (newline, escape, ...) become \n, \t or
+// \xNN, and text longer than `max_bytes` is cut with a note of its full length. Printable text passes unchanged,
+// so applying it twice changes nothing.
+inline constexpr size_t kMaxShownBytes = 300;
+std::string printable(std::string_view text, size_t max_bytes = kMaxShownBytes);
+
+// Every message passes through printable() once more (with a larger bound), so no path, name or library message
+// can put a raw control character or an unbounded string into an error, whichever way the Error was built.
 class Error : public std::runtime_error {
  public:
-  Error(Errc code, std::string message) : std::runtime_error(std::move(message)), code_(code) {}
+  Error(Errc code, std::string_view message) : std::runtime_error(printable(message, kMaxMessageBytes)), code_(code) {}
+  static constexpr size_t kMaxMessageBytes = 4096;
   Errc code() const { return code_; }
 
  private:
   Errc code_;
 };
 
+namespace detail {
+
+// A string argument of fail() as it is shown: escaped and cut to kMaxShownBytes; other arguments as they are.
+template <class T>
+decltype(auto) shown(const T& arg) {
+  if constexpr (std::is_convertible_v<const T&, std::string_view>)
+    return printable(std::string_view(arg));
+  else
+    return (arg);
+}
+
+template <class... Shown>
+std::string format_shown(fmt::string_view format, const Shown&... shown) {
+  return fmt::vformat(format, fmt::make_format_args(shown...));
+}
+
+}  // namespace detail
+
+// Formats and throws. Each string argument (names, paths, values read from files) goes through printable(), so
+// one over-long name cannot crowd out the rest of the message.
 template <class... Args>
 [[noreturn]] void fail(Errc code, fmt::format_string<Args...> format, Args&&... args) {
-  throw Error(code, fmt::format(format, std::forward<Args>(args)...));
+  throw Error(code, detail::format_shown(static_cast<fmt::string_view>(format), detail::shown(args)...));
 }
 
 // Throws errno's message as an Errc::io error: "[op] path: No such file or directory".

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <span>
 #include <string>
+#include <string_view>
 
 namespace lowbit {
 
@@ -26,7 +27,8 @@ FileIdentity file_identity(const std::filesystem::path& path);
 class MappedFile {
  public:
   MappedFile() = default;
-  // Maps the whole file read-only. Refuses symlinks and non-regular files (Errc::unsafe_path).
+  // Maps the whole file read-only. Refuses symlinks and non-regular files (Errc::unsafe_path): FIFOs, devices and
+  // directories are refused without blocking, so every reader of an untrusted file opens it through here.
   static MappedFile open(const std::filesystem::path& path);
 
   MappedFile(MappedFile&& other) noexcept;
@@ -46,5 +48,9 @@ class MappedFile {
   FileIdentity identity_;
   std::filesystem::path path_;
 };
+
+// Whether the file begins with `magic` (a format sniff), opened as MappedFile::open does: a FIFO, device or
+// directory throws Errc::unsafe_path instead of blocking or reading endlessly.
+bool file_starts_with(const std::filesystem::path& path, std::string_view magic);
 
 }  // namespace lowbit

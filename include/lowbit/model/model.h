@@ -113,6 +113,11 @@ std::unique_ptr<Model> load_model(const std::filesystem::path& path, const LoadO
 std::unique_ptr<Tokenizer> load_tokenizer(const std::filesystem::path& model_path,
                                           const std::optional<std::filesystem::path>& tokenizer_file);
 
+// load_tokenizer for running `model`: also refuses (Errc::shape) a tokenizer that lists_every_row() but has fewer
+// tokens than the model has rows, which would otherwise generate ids without text and fail mid-generation.
+std::unique_ptr<Tokenizer> load_tokenizer_for(const Model& model, const std::filesystem::path& model_path,
+                                              const std::optional<std::filesystem::path>& tokenizer_file);
+
 // Runs tokens[0..m) at positions pos..pos+m-1, appending their keys and values to the cache.
 // all_logits: logits is [m, vocab]; otherwise [vocab], for the last token only.
 // m > 1 goes through the batched matmul kernels (prefill), m == 1 through matvec (decode).

@@ -30,6 +30,10 @@ class Tokenizer {
   virtual std::optional<int32_t> bos_id() const = 0;
   virtual std::vector<int32_t> eos_ids() const = 0;
   virtual std::optional<int32_t> token_id(std::string_view token) const = 0;
+  // Whether the token list is the model's whole vocabulary, so that a model with more rows than tokens is a
+  // mismatch: true for llama2.c tokenizers (run.c reads exactly vocab_size entries). Formats whose models pad the
+  // embedding beyond the listed tokens (a Qwen tokenizer.json lists 151,669 for 151,936 rows) keep false.
+  virtual bool lists_every_row() const { return false; }
 };
 
 }  // namespace lowbit::model

@@ -22,10 +22,12 @@ namespace lowbit::kernels::block_simd {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-// GCC's AVX3_DL target string lacks avx512vnni; functions that reach vpdpbusd add it.
+// Highway's AVX3_DL target string lacks avx512vnni; functions that reach vpdpbusd add it, the lambdas among
+// them included. The attribute restates the whole target string: under clang a function's own target attribute
+// replaces the one HWY_BEFORE_NAMESPACE applies, so "avx512vnni" alone would drop AVX-512 itself.
 #undef LOWBIT_VNNI
 #if HWY_TARGET == HWY_AVX3_DL
-#define LOWBIT_VNNI __attribute__((target("avx512vnni")))
+#define LOWBIT_VNNI __attribute__((target(HWY_TARGET_STR ",avx512vnni")))
 #else
 #define LOWBIT_VNNI
 #endif
@@ -187,7 +189,7 @@ LOWBIT_VNNI void MatvecT(const BlockMatrix& m, const BlockActivations& x, size_t
           for (int j = 0; j < A; ++j) lo[j] = hn::LoadU(du, words + j * kBlockRows + s * N);
           for (int j = 0; j < C; ++j) hi[j] = hn::LoadU(du, words + (A + j) * kBlockRows + s * N);
           ForEach(
-              [&](auto k) {
+              [&](auto k) LOWBIT_VNNI {
                 constexpr int K = decltype(k)::value;
                 uint32_t d[kDigits];
                 for (int t = 0; t < kDigits; ++t) std::memcpy(&d[t], xd + t * m.padded_cols + 4 * K, 4);

@@ -1,11 +1,11 @@
-#include "model/family/gemma.h"
+#include "family/gemma.h"
 
 #include <algorithm>
 #include <cmath>
 
 #include "lowbit/core/error.h"
 #include "lowbit/io/gguf.h"
-#include "model/json_fields.h"
+#include "json_fields.h"
 
 namespace lowbit::model::gemma {
 

@@ -3,8 +3,8 @@
 // (attn_logit_softcapping) and on the logits (final_logit_softcapping).
 #include "lowbit/core/error.h"
 #include "lowbit/io/gguf.h"
-#include "model/family/gemma.h"
-#include "model/json_fields.h"
+#include "family/gemma.h"
+#include "json_fields.h"
 
 namespace lowbit::model {
 

@@ -5,8 +5,8 @@
 // attention (modeling_gemma3.py) and llama.cpp's graph has none, so a config's value is ignored here as there.
 #include "lowbit/core/error.h"
 #include "lowbit/io/gguf.h"
-#include "model/family/gemma.h"
-#include "model/json_fields.h"
+#include "family/gemma.h"
+#include "json_fields.h"
 
 namespace lowbit::model {
 

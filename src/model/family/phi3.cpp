@@ -7,7 +7,7 @@
 #include "lowbit/core/error.h"
 #include "lowbit/io/gguf.h"
 #include "lowbit/model/family.h"
-#include "model/json_fields.h"
+#include "json_fields.h"
 
 namespace lowbit::model {
 
