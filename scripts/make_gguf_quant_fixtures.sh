@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Regenerates tests/model/fixtures/gguf_quant/: the llama family fixture (tests/model/fixtures/families/llama/
-# model.gguf, BF16, without its rope_freqs tensor: these fixtures test the weights, not RoPE scaling) quantized by llama.cpp's own llama-quantize to each 32-block type (--pure: every matrix,
+# model.gguf, BF16, without its rope_freqs tensor: these fixtures test the weights, not RoPE scaling) quantized by
+# llama.cpp's own llama-quantize to each 32-block type, IQ4_NL included (--pure: every matrix,
 # token_embd and output included, in that type), and llama.cpp's logits for a fixed token sequence on each
 # (llamacpp_logits.py), which tests/model/gguf_model_test.cpp compares lowbit's packed load against.
 #   Environment: LLAMACPP_BIN (a llama.cpp build with llama-quantize and shared libraries; default
@@ -13,7 +14,7 @@ src=${LLAMACPP_SRC:-/work/refs/src/llama_cpp_python-0.3.36}
 python=${PYTHON:-python3}
 in=tests/model/fixtures/families/llama/model.gguf
 out=tests/model/fixtures/gguf_quant
-types="Q4_0 Q4_1 Q5_0 Q5_1 Q8_0"
+types="Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 IQ4_NL"
 tokens="1,17,42,99,3,64,7,120"
 
 tmp=$(mktemp -d)
