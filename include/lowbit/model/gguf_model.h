@@ -1,8 +1,8 @@
 // GGUF models: llama.cpp's metadata keys to a ModelConfig, its tensor names to the HF names the Model uses,
 // and the embedded tokenizer ("gpt2" byte-level BPE from tokens + merges, "llama" SentencePiece from tokens +
 // scores + types). Tensors stay packed where lowbit has their codec (gguf_tensors.h: Q4_0, Q4_1, Q5_0, Q5_1 and
-// Q8_0 as affine, F32/F16/BF16 dense); the K-quants are still dequantized to dense f32 at load (exactly as ggml
-// does).
+// Q8_0 as affine, F32/F16/BF16 dense); the K-quants, IQ4_NL and IQ4_XS are still dequantized to dense f32 at
+// load (exactly as ggml does).
 #pragma once
 
 #include <filesystem>
