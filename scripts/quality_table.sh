@@ -77,6 +77,8 @@ compute_row() {
   local art="$work/$name-$preset" base=${preset#rtn-} extra=()
   [ "$base" = affine2 ] && extra=(--recipe "$work/affine2.json") || extra=(--preset "$base")
   [ "$preset" != "$base" ] && extra+=(--no-calib)
+  # SmolLM2's only PyPI build is a Q4_1 GGUF, which quantize refuses without the flag.
+  [[ "$src" != *.gguf ]] || extra+=(--allow-requantize)
   local load_start started k
   load_start=$(cut -d' ' -f1 /proc/loadavg)
   started=$(date -u +%Y-%m-%dT%H:%M:%SZ)

@@ -23,6 +23,7 @@ struct Args {
   int64_t calib_ctx = 512;
   bool no_calib = false;
   bool force = false;
+  bool allow_requantize = false;
   bool json = false;
   size_t threads = 0;
   uint64_t seed = 0;
@@ -66,6 +67,7 @@ void run(const Args& a) {
   }
   if (a.tokenizer) o.tokenizer = fs::path(*a.tokenizer);
   o.force = a.force;
+  o.allow_requantize = a.allow_requantize;
   o.seed = a.seed;
   const quant::QuantizeReport r = quant::quantize(o);
   if (a.json) {
@@ -108,6 +110,8 @@ void setup(CLI::App& root) {
   cmd->add_option("--threads", args->threads, "Threads (default: all cores)");
   cmd->add_option("--seed", args->seed, "Seed for randomized transforms")->capture_default_str();
   cmd->add_flag("--force", args->force, "Replace an existing artifact at OUT");
+  cmd->add_flag("--allow-requantize", args->allow_requantize,
+                "Quantize a source that is already quantized (GGUF quant types, MLX or lowbit artifacts)");
   cmd->add_flag("--json", args->json, "Print the report as JSON");
   cmd->callback([args] { run(*args); });
 }

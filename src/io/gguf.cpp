@@ -11,7 +11,7 @@
 namespace lowbit::io {
 namespace {
 
-constexpr std::array<GgmlTypeInfo, 13> kGgmlTypes{{
+constexpr GgmlTypeInfo kGgmlTypes[] = {
     {GgmlType::F32, "F32", 1, 4},
     {GgmlType::F16, "F16", 1, 2},
     {GgmlType::Q4_0, "Q4_0", 32, 18},
@@ -24,8 +24,10 @@ constexpr std::array<GgmlTypeInfo, 13> kGgmlTypes{{
     {GgmlType::Q4_K, "Q4_K", 256, 144},
     {GgmlType::Q5_K, "Q5_K", 256, 176},
     {GgmlType::Q6_K, "Q6_K", 256, 210},
+    {GgmlType::IQ4_NL, "IQ4_NL", 32, 18},
+    {GgmlType::IQ4_XS, "IQ4_XS", 256, 136},
     {GgmlType::BF16, "BF16", 1, 2},
-}};
+};
 
 // Sequential little-endian reads that fail with Errc::truncated instead of running past the end.
 class Cursor {

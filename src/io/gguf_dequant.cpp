@@ -6,6 +6,7 @@
 #include "lowbit/core/dtype.h"
 #include "lowbit/core/error.h"
 #include "lowbit/io/gguf.h"
+#include "ggml_iq_tables.h"
 
 namespace lowbit::io {
 namespace {
@@ -191,6 +192,34 @@ void block_q6_k(const uint8_t* b, float* y) {
   }
 }
 
+// IQ4_NL: d (f16), qs[16]; element j is level kValuesIq4Nl[low nibble of qs[j]], j+16 the high nibble's; times d.
+void block_iq4_nl(const uint8_t* b, float* y) {
+  const float d = half_at(b);
+  const uint8_t* qs = b + 2;
+  for (int j = 0; j < kQK / 2; ++j) {
+    y[j] = d * static_cast<float>(kValuesIq4Nl[qs[j] & 0x0F]);
+    y[j + kQK / 2] = d * static_cast<float>(kValuesIq4Nl[qs[j] >> 4]);
+  }
+}
+
+// IQ4_XS: d (f16), scales_h (u16), scales_l[4], qs[128]; 8 sub-blocks of 32 as IQ4_NL, each with the 6-bit scale
+// (low 4 bits from scales_l, high 2 from scales_h) minus 32 times d.
+void block_iq4_xs(const uint8_t* b, float* y) {
+  const float d = half_at(b);
+  uint16_t scales_h;
+  std::memcpy(&scales_h, b + 2, 2);
+  const uint8_t* scales_l = b + 4;
+  const uint8_t* qs = b + 8;
+  for (int ib = 0; ib < kQKK / 32; ++ib, y += 32, qs += 16) {
+    const int ls = ((scales_l[ib / 2] >> (4 * (ib % 2))) & 0x0F) | (((scales_h >> (2 * ib)) & 3) << 4);
+    const float dl = d * static_cast<float>(ls - 32);
+    for (int j = 0; j < 16; ++j) {
+      y[j] = dl * static_cast<float>(kValuesIq4Nl[qs[j] & 0x0F]);
+      y[j + 16] = dl * static_cast<float>(kValuesIq4Nl[qs[j] >> 4]);
+    }
+  }
+}
+
 using BlockFn = void (*)(const uint8_t*, float*);
 
 BlockFn block_function(GgmlType type) {
@@ -205,6 +234,8 @@ BlockFn block_function(GgmlType type) {
     case GgmlType::Q4_K: return block_q4_k;
     case GgmlType::Q5_K: return block_q5_k;
     case GgmlType::Q6_K: return block_q6_k;
+    case GgmlType::IQ4_NL: return block_iq4_nl;
+    case GgmlType::IQ4_XS: return block_iq4_xs;
     default: return nullptr;
   }
 }

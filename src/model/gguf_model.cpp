@@ -9,6 +9,7 @@
 #include "lowbit/core/error.h"
 #include "lowbit/core/mapped_file.h"
 #include "lowbit/model/family.h"
+#include "lowbit/model/gguf_tensors.h"
 #include "lowbit/model/tokenizers.h"
 
 namespace lowbit::model {
@@ -128,8 +129,13 @@ bool is_gguf_file(const std::filesystem::path& path) {
   return std::filesystem::is_regular_file(std::filesystem::symlink_status(path, ec)) && file_starts_with(path, "GGUF");
 }
 
-std::unique_ptr<Model> load_gguf_model(const std::filesystem::path& path, const LoadOptions& options) {
-  const auto file = io::GgufFile::open(path);
+std::unique_ptr<Model> load_gguf_model(const std::filesystem::path& path, const LoadOptions& options,
+                                       GgufWeights weights) {
+  // Unmapped before the kernels are prepared: every tensor is then in its own copy, and the file's pages would
+  // only add to the peak.
+  std::optional<io::GgufFile> mapped(io::GgufFile::open(path));
+  const io::GgufFile& file = *mapped;
+  const std::string source = file.source();
   ModelConfig c = parse_gguf_config(file);
   const ModelDesc desc = describe_model(c, file.source());
   const auto names = targets(desc);
@@ -148,12 +154,24 @@ std::unique_ptr<Model> load_gguf_model(const std::filesystem::path& path, const 
     if (it == names.end())
       fail(Errc::format, "[gguf] {}: tensor '{}' has no place in a {} model of {} layers (block_count)", file.source(),
            t.name, c.arch, c.n_layers);
-    std::vector<float> values = file.dequantize(t);
-    if (it->second.unit_offset_gain)
-      for (float& v : values) v -= 1.0f;
-    b.add_f32(it->second.hf, t.shape(), std::move(values));
+    // Gains stored as 1 + w (unit_offset_gain) are shifted back in f32; everything else keeps its packed form.
+    auto packed = weights == GgufWeights::packed && !it->second.unit_offset_gain ? gguf_packed_tensor(file, t)
+                                                                                 : std::nullopt;
+    if (!packed) {
+      std::vector<float> values = file.dequantize(t);
+      if (it->second.unit_offset_gain)
+        for (float& v : values) v -= 1.0f;
+      b.add_f32(it->second.hf, t.shape(), std::move(values));
+      continue;
+    }
+    auto owned = std::make_shared<codec::EncodedTensor>(std::move(packed->tensor));
+    codec::TensorRef ref{packed->codec, owned->params, t.shape(), owned->views()};
+    codec::validate_tensor(ref, fmt::format("[gguf] {}: tensor '{}'", file.source(), t.name));
+    b.keep_alive(std::move(owned));
+    b.add(it->second.hf, std::move(ref));
   }
-  return b.finish(c, file.source());
+  mapped.reset();
+  return b.finish(c, source);
 }
 
 std::unique_ptr<Tokenizer> gguf_tokenizer(const io::GgufFile& f) {

@@ -10,6 +10,7 @@
 #include "lowbit/core/error.h"
 #include "lowbit/core/progress.h"
 #include "lowbit/core/sha256.h"
+#include "lowbit/io/json.h"
 #include "lowbit/kernels/cpu.h"
 #include "lowbit/model/gguf_model.h"
 #include "lowbit/model/model.h"
@@ -35,6 +36,36 @@ uint64_t encoded_bytes(const codec::EncodedTensor& t) {
   uint64_t n = 0;
   for (const auto& [role, buffer] : t.arrays) n += buffer.bytes.size();
   return n;
+}
+
+// Why the source at `path` is already quantized, from its files alone (before loading it): a GGUF tensor of a
+// quantized ggml type, or a config.json with a `quantization` (MLX) or `quantization_config` (transformers)
+// block. nullopt when the files say nothing; the loaded tensors' codecs are checked after loading.
+std::optional<std::string> quantized_source_files(const fs::path& path) {
+  std::error_code ec;
+  if (fs::is_regular_file(path, ec) && model::is_gguf_file(path)) {
+    const auto file = io::GgufFile::open(path);
+    for (const auto& t : file.header().tensors)
+      if (t.type != io::GgmlType::F32 && t.type != io::GgmlType::F16 && t.type != io::GgmlType::BF16)
+        return fmt::format("GGUF tensor '{}' is {}", t.name, io::ggml_type_info(static_cast<uint32_t>(t.type))->name);
+    return std::nullopt;
+  }
+  const fs::path config = path / "config.json";
+  if (!fs::is_directory(path, ec) || !fs::is_regular_file(config, ec)) return std::nullopt;
+  const nlohmann::json j = io::read_json_file(config, "quantize", 16 << 20);
+  for (const char* key : {"quantization", "quantization_config"})
+    if (j.is_object() && j.contains(key)) return fmt::format("config.json has a '{}' block", key);
+  return std::nullopt;
+}
+
+// Requantizing compounds two quantizations' errors, so it takes --allow-requantize; with it, a warning.
+void check_requantize(const QuantizeOptions& o, const std::optional<std::string>& why) {
+  if (!why) return;
+  if (!o.allow_requantize)
+    fail(Errc::usage, "[quantize] {} is already quantized ({}); requantizing adds a second rounding error to the "
+         "first, pass --allow-requantize to do it anyway", o.source.string(), *why);
+  std::fprintf(stderr, "[quantize] warning: %s is already quantized (%s); quality is bounded by the source\n",
+               o.source.string().c_str(), why->c_str());
 }
 
 // A GGUF tokenizer (the source itself, or --tokenizer) travels as its tokenizer metadata only
@@ -381,12 +412,14 @@ QuantizeReport quantize(const QuantizeOptions& o) {
   const auto start = std::chrono::steady_clock::now();
   const std::optional<BitsTarget> goal = bits_target(o);
   QuantizeReport report;
+  std::optional<std::string> quantized = quantized_source_files(o.source);
+  if (!o.allow_requantize) check_requantize(o, quantized);  // before the load: a refusal costs no time
   std::unique_ptr<model::Model> model = to_hf_rope_layout(model::load_model(o.source));
   for (const auto& t : model->tensors)
-    if (t.ref.codec->id != "dense") report.source_quantized = true;
-  if (report.source_quantized)
-    std::fprintf(stderr, "[quantize] warning: %s is already quantized; quality is bounded by the source\n",
-                 o.source.string().c_str());
+    if (!quantized && t.ref.codec->id != "dense")
+      quantized = fmt::format("tensor '{}' is stored as {}", t.name, t.ref.codec->id);
+  check_requantize(o, quantized);
+  report.source_quantized = quantized.has_value();
 
   std::optional<CalibrationText> calib;
   if (o.calibration) {

@@ -258,6 +258,56 @@ TEST(Quantize, RefusesAnExistingDestinationUnlessForced) {
   EXPECT_EQ(artifact::Artifact::open(o.destination).recipe()["quantize"]["name"], "affine3");
 }
 
+// A source that is already quantized is refused with one line naming why, unless allow_requantize: a lowbit
+// artifact (its tensors' codecs, after loading; padded widths: no MLX config.json), an MLX or transformers
+// config.json quantization block and a GGUF quant type (from the files, before loading).
+TEST(Quantize, RefusesAnAlreadyQuantizedSourceUnlessAllowed) {
+  TempDir tmp;
+  QuantizeOptions o;
+  o.source = write_source(tmp.path, 40);
+  o.destination = tmp.path / "first";
+  o.recipe = preset("affine4");
+  EXPECT_FALSE(quantize(o).source_quantized);
+
+  const auto refused = [&](const std::string& why) {
+    try {
+      quantize(o);
+      ADD_FAILURE() << o.source << " accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), Errc::usage);
+      const std::string what = e.what();
+      EXPECT_NE(what.find(why), std::string::npos) << what;
+      EXPECT_NE(what.find("--allow-requantize"), std::string::npos) << what;
+      EXPECT_EQ(what.find('\n'), std::string::npos) << what;
+    }
+    EXPECT_FALSE(fs::exists(o.destination));
+  };
+  o.source = tmp.path / "first";
+  o.destination = tmp.path / "second";
+  refused("stored as affine");
+  o.allow_requantize = true;
+  EXPECT_TRUE(quantize(o).source_quantized);
+  EXPECT_TRUE(fs::exists(o.destination / "manifest.json"));
+
+  o.allow_requantize = false;
+  o.source = write_source(tmp.path / "mlx", 128);
+  o.destination = tmp.path / "mlx_out";
+  quantize(o);
+  o.source = o.destination;
+  o.destination = tmp.path / "third";
+  refused("config.json has a 'quantization' block");
+
+  o.source = write_source(tmp.path / "hf", 128);
+  auto config = io::read_json_file(o.source / "config.json", "test", 1 << 20);
+  config["quantization_config"] = {{"quant_method", "gptq"}, {"bits", 4}};
+  std::ofstream(o.source / "config.json") << config.dump();
+  o.destination = tmp.path / "third";
+  refused("'quantization_config' block");
+
+  o.source = fs::path(LOWBIT_SOURCE_DIR) / "tests/model/fixtures/gguf_quant/model.Q4_0.gguf";
+  refused("is Q4_0");
+}
+
 // Quantizing is a function of its inputs: two calibrated trellis runs (the layers after the first calibrate on
 // the quantized layers before them, run through the trellis kernel) write byte-identical tensors. The kernel in a
 // quantized layer's slot once viewed an encoding freed before the next layer ran it.

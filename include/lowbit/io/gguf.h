@@ -4,8 +4,8 @@
 // 32), then the tensor data. Every count, length and dimension is bounded, all size arithmetic is checked,
 // every tensor lies inside the file, aligned, without overlapping another.
 //
-// Tensors of types F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K and Q6_K dequantize to
-// f32 exactly as ggml's dequantize_row_* define them.
+// Tensors of types F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS
+// dequantize to f32 exactly as ggml's dequantize_row_* define them.
 #pragma once
 
 #include <cstdint>
@@ -48,7 +48,7 @@ struct GgufValue {
 // ggml tensor types lowbit reads (the numbering of ggml.h).
 enum class GgmlType : uint32_t {
   F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q2_K = 10, Q3_K = 11, Q4_K = 12,
-  Q5_K = 13, Q6_K = 14, BF16 = 30,
+  Q5_K = 13, Q6_K = 14, IQ4_NL = 20, IQ4_XS = 23, BF16 = 30,
 };
 
 struct GgmlTypeInfo {

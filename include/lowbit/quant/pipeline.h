@@ -27,6 +27,9 @@ struct QuantizeOptions {
   std::optional<std::filesystem::path> calib_cache;  // --calib-cache DIR (quant/calibration_cache.h)
   std::optional<std::filesystem::path> tokenizer;  // for sources without one beside them; copied into OUT
   bool force = false;
+  // An already-quantized source (GGUF quant types, MLX or lowbit artifacts, a config.json quantization block) is
+  // refused (Errc::usage) unless this is set (--allow-requantize).
+  bool allow_requantize = false;
   uint64_t shard_bytes = artifact::kDefaultShardBytes;
   uint64_t seed = 0;
 };
