@@ -59,9 +59,8 @@ void prepare_layer(Preparer& p, const ModelConfig& c, const LayerDesc& desc, int
 }  // namespace
 
 const NamedTensor* Model::find(std::string_view name) const {
-  for (const auto& t : tensors)
-    if (t.name == name) return &t;
-  return nullptr;
+  const auto it = index_.find(name);
+  return it == index_.end() ? nullptr : &tensors[it->second];
 }
 
 codec::TensorRef dense_f32_ref(Shape shape, std::span<const float> values) {
@@ -82,7 +81,8 @@ void ModelBuilder::add_f32(std::string name, Shape shape, std::vector<float> val
 }
 
 void ModelBuilder::add(std::string name, codec::TensorRef ref) {
-  if (contains(name)) fail(Errc::duplicate, "[load_model] tensor '{}' appears twice", name);
+  if (!model_->index_.emplace(name, model_->tensors.size()).second)
+    fail(Errc::duplicate, "[load_model] tensor '{}' appears twice", name);
   model_->tensors.push_back({std::move(name), std::move(ref)});
 }
 

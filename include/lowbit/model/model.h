@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <deque>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
@@ -67,6 +68,11 @@ class Model {
   const NamedTensor* find(std::string_view name) const;
   // Keeps the storage the TensorRefs point into alive (mapped files, owned buffers, readers).
   std::vector<std::shared_ptr<const void>> keep_alive;
+
+ private:
+  friend class ModelBuilder;
+  // tensors' positions by name: a checkpoint of 400,000 tensors is indexed in O(n log n), not compared pairwise
+  std::map<std::string, size_t, std::less<>> index_;
 };
 
 // Collects named tensors and their storage, then validates them and prepares the kernels.
