@@ -41,9 +41,11 @@ struct RecordsTest : ::testing::Test {
   fs::path dir = tmp / "a";
   void SetUp() override { write_valid_artifact(dir, 7); }
 
-  // On a fresh artifact: the error must be `code` and its message name the file and the field.
+  // On a fresh artifact: the error must be `code` and its message name the file and the field. The previous case
+  // left a tampered artifact, which --force rightly refuses to replace (it no longer opens as one): removed first.
   void expect_rejected(std::string_view file, const std::function<void(json&)>& edit, Errc code, std::string_view field) {
-    write_valid_artifact(dir, 7, {.shard_bytes = 3000, .force = true});
+    fs::remove_all(dir);
+    write_valid_artifact(dir, 7, {.shard_bytes = 3000});
     std::string message;
     EXPECT_EQ(edited_record(dir, file, edit, &message), code) << message;
     EXPECT_NE(message.find(file), std::string::npos) << message;
