@@ -53,8 +53,15 @@ Hessian& LayerHessians::of(LinearInput input) {
     case LinearInput::attn_out: return attn_out;
     case LinearInput::ffn_in: return ffn_in;
     case LinearInput::ffn_mid: return ffn_mid;
+    case LinearInput::expert_in: case LinearInput::expert_mid: break;
   }
-  return attn_in;
+  fail(Errc::internal, "[calibration] no Hessian is shared by the linears of an expert");
+}
+
+Hessian* LayerHessians::shared(LinearInput input) { return is_expert_input(input) ? nullptr : &of(input); }
+
+bool is_expert_input(LinearInput input) {
+  return input == LinearInput::expert_in || input == LinearInput::expert_mid;
 }
 
 std::optional<LayerLinear> layer_linear(const model::ModelDesc& desc, std::string_view tensor_name) {
@@ -62,7 +69,7 @@ std::optional<LayerLinear> layer_linear(const model::ModelDesc& desc, std::strin
   if (!t) return std::nullopt;
   const auto input = model::linear_input(t->spec->role);
   if (!input) return std::nullopt;
-  return LayerLinear{t->layer, t->spec->role, *input};
+  return LayerLinear{t->layer, t->spec->role, *input, t->spec->expert};
 }
 
 int64_t CalibrationText::tokens() const {
@@ -131,7 +138,7 @@ LayerHessians LayerwiseCalibrator::capture(int64_t layer) {
     std::array<bool, 4> captured{};
     for (const model::TensorSpec& t : model_.desc.layers.at(static_cast<size_t>(layer)).tensors) {
       const auto input = model::linear_input(t.role);
-      if (!input || captured[static_cast<size_t>(*input)]) continue;
+      if (!input || is_expert_input(*input) || captured[static_cast<size_t>(*input)]) continue;
       captured[static_cast<size_t>(*input)] = true;
       scopes.emplace_back(w.linear_slot(t.role), h.of(*input));
     }

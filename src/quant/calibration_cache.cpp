@@ -272,7 +272,8 @@ LayerHessians CachedCalibrator::hessians(int64_t layer) {
   const auto& w = model_.layers.at(static_cast<size_t>(layer));
   LayerInputDims dims{};
   for (const model::TensorSpec& t : model_.desc.layers.at(static_cast<size_t>(layer)).tensors)
-    if (const auto input = model::linear_input(t.role)) dims[static_cast<size_t>(*input)] = w.linear(t.role)->cols();
+    if (const auto input = model::linear_input(t.role); input && !is_expert_input(*input))
+      dims[static_cast<size_t>(*input)] = w.linear(t.role)->cols();
   if (cache_) {
     try {
       if (auto hit = cache_->read(layer, dims)) {

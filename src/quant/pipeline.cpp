@@ -322,7 +322,7 @@ nlohmann::json allocate_bits(const QuantizeOptions& o, const BitsTarget& goal, m
     if (calibrator) hessians = calibrator->hessians(layer);
     for (const model::NamedTensor* t : tensors) {
       const LinearInput input = layer_linear(model.desc, t->name)->input;
-      items.push_back(quantizer.measure(*t, calibrator ? &hessians.of(input) : nullptr));
+      items.push_back(quantizer.measure(*t, calibrator ? hessians.shared(input) : nullptr));
       progress.advance();
     }
     if (calibrator) calibrator->finish_layer(layer);
@@ -459,11 +459,11 @@ QuantizeReport quantize(const QuantizeOptions& o) {
     for (const model::NamedTensor* t : tensors) {
       const LayerLinear linear = *layer_linear(model->desc, t->name);
       progress.set_note(t->name);
-      codec::EncodedTensor stored = quantizer.encode(*t, calibrator ? &hessians.of(linear.input) : nullptr);
+      codec::EncodedTensor stored = quantizer.encode(*t, calibrator ? hessians.shared(linear.input) : nullptr);
       if (calibrator) {
         const std::string& codec_id = report.tensors.back().choice.codec;
         calibrator->stored(t->name, codec_id, stored);
-        model->layers.at(static_cast<size_t>(layer)).linear_slot(linear.role) =
+        model->layers.at(static_cast<size_t>(layer)).linear_slot(linear.role, linear.expert) =
             kernels::prepare_cpu_owned(codec::codec_or_throw(codec_id, t->name), t->ref.shape, std::move(stored));
       }
       progress.advance();

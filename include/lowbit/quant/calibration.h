@@ -21,7 +21,13 @@ using model::LinearInput;
 struct LayerHessians {
   Hessian attn_in, attn_out, ffn_in, ffn_mid;
   Hessian& of(LinearInput input);
+  // The Hessian the linears reading `input` share; nullptr for the experts' inputs, which only the tokens routed
+  // to each expert reach: per-expert Hessians are not collected yet, so experts are rounded plainly (the report
+  // records method "rtn" for each expert tensor).
+  Hessian* shared(LinearInput input);
 };
+// Whether `input` is read by the linears of one expert only (expert_in, expert_mid).
+bool is_expert_input(LinearInput input);
 
 // A linear of a layer as the model's description names it: its layer, role and input ("model.layers.3.
 // mlp.down_proj.weight" in a llama -> 3, down, ffn_mid); nullopt for tensors outside the layers' linears.
@@ -29,6 +35,7 @@ struct LayerLinear {
   int64_t layer;
   model::Role role;
   LinearInput input;
+  int32_t expert = -1;  // the expert of an expert tensor
 };
 std::optional<LayerLinear> layer_linear(const model::ModelDesc& desc, std::string_view tensor_name);
 
