@@ -1,6 +1,7 @@
 // Quantizing a Mixture-of-Experts model (issue 20): the norm fold and rotation keep its function (the ffn norm's
-// gain folds into the router and every expert), every expert is a tensor of its own for the recipe, and experts
-// are rounded plainly under calibration (per-expert Hessians are not collected yet), recorded per tensor.
+// gain folds into the router and every expert), every expert is a tensor of its own for the recipe, and each
+// expert calibrates on the tokens routed to it, or is rounded plainly when they are fewer than its width, as the
+// report records per tensor.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -47,7 +48,7 @@ TEST(MoeQuant, FoldAndRotationKeepTheFunction) {
   EXPECT_NE(codec::decode_all(source->find(expert)->ref), codec::decode_all(f.model->find(expert)->ref));
 }
 
-TEST(MoeQuant, EveryExpertIsItsOwnTensorAndIsRoundedPlainlyUnderCalibration) {
+TEST(MoeQuant, EachExpertCalibratesOnItsRoutedTokensOrIsRoundedPlainly) {
   const fs::path shared = fs::path(LOWBIT_SHARED_DIR);
   const fs::path tokenizer = shared / "models/stories260K/tok512.bin";
   const fs::path text = shared / "data/tinystories-valid-excerpt.txt";
@@ -67,18 +68,26 @@ TEST(MoeQuant, EveryExpertIsItsOwnTensorAndIsRoundedPlainlyUnderCalibration) {
     o.calib_tokens = 256;
     o.calib_ctx = 64;
     const QuantizeReport r = quantize(o);
-    size_t experts = 0;
+    size_t experts = 0, calibrated = 0, rounded = 0;
+    int64_t routed_to_layer0 = 0;
     for (const TensorReport& t : r.tensors) {
       if (t.name.find(".experts.") != std::string::npos) {
         ++experts;
-        EXPECT_EQ(t.method, "rtn") << t.name;
         EXPECT_NE(t.choice.codec, "dense") << t.name;
+        EXPECT_EQ(t.method == "rtn", t.calibration_rows < t.shape[1]) << t.name << ": " << t.calibration_rows;
+        (t.method == "rtn" ? rounded : calibrated) += 1;
+        if (t.name.starts_with("model.layers.0.") && t.name.ends_with("up_proj.weight"))
+          routed_to_layer0 += t.calibration_rows;
       } else if (t.name.ends_with("q_proj.weight") || t.name.ends_with("mlp.gate.weight") ||
                  t.name.ends_with("mlp.down_proj.weight")) {
         EXPECT_NE(t.method, "rtn") << t.name << " (shared Hessians still apply outside the experts)";
       }
     }
     EXPECT_EQ(experts, 2u * 8u * 3u);
+    // Every calibration token reached exactly top-k = 2 experts of layer 0.
+    EXPECT_EQ(routed_to_layer0, 2 * r.calibration_tokens);
+    std::cout << "[ moe      ] " << preset_name << ": " << calibrated << " expert tensors calibrated, " << rounded
+              << " rounded plainly (too few routed tokens)\n";
     // The artifact loads as the same family and runs. (How close it stays to the source says little here: a tiny
     // random model loses as much to rounding in its dense form.)
     const auto q = model::load_model(o.destination);
