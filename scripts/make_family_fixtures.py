@@ -9,6 +9,9 @@ Regenerate (CPU only, a few seconds):
     python3 -m pip download --no-binary :all: --no-deps llama-cpp-python -d /tmp/lcpp   # 0.3.36 used
     tar xzf /tmp/lcpp/llama_cpp_python-*.tar.gz -C /tmp/lcpp && python3 -m pip install sentencepiece
     python3 scripts/make_family_fixtures.py --llama-cpp /tmp/lcpp/llama_cpp_python-*/vendor/llama.cpp
+  with mlx-lm 4-bit checkpoints of the MoE families (tests/model/fixtures/mlx/<family>/, see write_mlx):
+    python3 -m pip install "mlx[cpu]" mlx-lm      # mlx 0.32.4, mlx-lm 0.32.2 used
+    python3 scripts/make_family_fixtures.py --mlx -- qwen3_moe mixtral
 Made with torch 2.15.0 (the +cu132 wheel, run on CPU), transformers 5.25.0, safetensors 0.8.0, Python 3.11.7, as
 recorded in each expected.safetensors' metadata (`generated_by`). Regenerating with the same versions reproduces the
 files byte for byte; other versions may differ in the last bits, which --check reports.
@@ -522,6 +525,57 @@ def describe_gguf(family: str, directory: pathlib.Path) -> None:
     print(f"{family}: model.gguf {size} B; tensors (blk.0 shown): {blk0}; keys: {keys}")
 
 
+# Families also written as mlx-lm 4-bit checkpoints with --mlx (mlx-lm stacks the experts: switch_mlp).
+MLX_FAMILIES = ("qwen3_moe", "mixtral")
+MLX_GROUP = 32  # group size; widths that are no multiple of it (the experts' down_proj here) stay unquantized
+
+
+def write_mlx(family: str, out: pathlib.Path, mlx_out: pathlib.Path) -> None:
+    """Converts out/<family> with mlx-lm (4-bit affine, group MLX_GROUP) into mlx_out/<family>/ and stores mlx-lm's
+    own float32 logits over the same tokens and its greedy continuation (uncached argmax steps) beside it.
+
+    mlx-lm's `convert` also wants a tokenizer, which the fixtures lack, so its pieces are called directly:
+    load_model, quantize_model, save_model, save_config (config.json with the "quantization" block).
+    """
+    import mlx.core as mx  # noqa: E402
+    import mlx_lm  # noqa: E402
+    from mlx_lm.utils import load_model, quantize_model, save_config, save_model  # noqa: E402
+    import numpy as np  # noqa: E402
+
+    directory = mlx_out / family
+    if directory.exists():
+        shutil.rmtree(directory)
+    directory.mkdir(parents=True)
+    model, config = load_model(out / family)
+    model, config = quantize_model(model, config, MLX_GROUP, 4)
+    save_model(directory, model, donate_model=False)
+    save_config(config, directory / "config.json")
+    (directory / "model.safetensors.index.json").unlink(missing_ok=True)
+    model, _ = load_model(directory)
+    model.set_dtype(mx.float32)  # compute in f32 from the stored bf16 scales and weights (as lowbit does)
+    tokens = fixed_tokens(config["vocab_size"])
+
+    def logits_of(ids: list[int]) -> np.ndarray:
+        return np.array(model(mx.array([ids])).astype(mx.float32))[0]
+
+    logits = logits_of(tokens.tolist())
+    ids = tokens.tolist()
+    for _ in range(N_GREEDY):
+        ids.append(int(logits_of(ids)[-1].argmax()))
+    cont = torch.tensor(ids[T:], dtype=torch.int32)
+    step_logits = logits_of(ids)[T - 1:T - 1 + N_GREEDY]
+    top2 = np.sort(step_logits, axis=-1)[:, -2:]
+    margin = float((top2[:, 1] - top2[:, 0]).min())
+    safetensors.torch.save_file(
+        {"tokens": tokens.to(torch.int32), "logits": torch.from_numpy(logits.copy()).contiguous(), "greedy": cont},
+        directory / "expected.safetensors",
+        metadata={"generated_by": json.dumps({"script": "scripts/make_family_fixtures.py --mlx",
+                                              "mlx": mx.__version__, "mlx_lm": mlx_lm.__version__,
+                                              "source": f"tests/model/fixtures/families/{family}"})})
+    sizes = {p.name: p.stat().st_size for p in sorted(directory.iterdir())}
+    print(f"{family} (mlx): greedy {cont.tolist()}, min greedy margin {margin:.3f}; sizes {sizes}")
+
+
 def check_family(family: str, out: pathlib.Path) -> None:
     directory = out / family
     check_expected(family, directory, directory / "expected.safetensors")
@@ -557,6 +611,9 @@ def main() -> None:
     parser.add_argument("--llama-cpp", type=pathlib.Path,
                         help="llama.cpp source tree (e.g. vendor/llama.cpp of the llama-cpp-python sdist): also "
                              f"write model.gguf for {', '.join(GGUF_FAMILIES)} with its converter")
+    parser.add_argument("--mlx", type=pathlib.Path, nargs="?", const=root / "tests/model/fixtures/mlx",
+                        help=f"also write mlx-lm 4-bit checkpoints of {', '.join(MLX_FAMILIES)} with mlx-lm's "
+                             "logits into this folder (default tests/model/fixtures/mlx)")
     parser.add_argument("families", nargs="*", default=list(FAMILIES))
     args = parser.parse_args()
     torch.set_num_threads(1)  # one thread: the reduction order does not depend on the machine's core count
@@ -567,6 +624,8 @@ def main() -> None:
             write_family(family, args.out, first_seed=1000 * (1 + list(FAMILIES).index(family)))
             if args.llama_cpp and family in GGUF_FAMILIES:
                 write_gguf(family, args.out, args.llama_cpp.resolve())
+        if args.mlx and family in MLX_FAMILIES:
+            write_mlx(family, args.out, args.mlx)
 
 
 if __name__ == "__main__":
