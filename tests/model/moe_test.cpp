@@ -1,7 +1,6 @@
-// Mixture-of-Experts families (issue 20): the tiny qwen3_moe and mixtral fixtures of
-// tests/model/fixtures/families (scripts/make_family_fixtures.py) against transformers, from the HF directory
-// and from the GGUF llama.cpp's converter made of it (merged ffn_*_exps tensors sliced into the experts); their
-// 4-bit mlx-lm checkpoints (tests/model/fixtures/mlx, stacked switch_mlp experts) against mlx-lm's logits; the
+// Mixture-of-Experts families (issue 20). Their transformers fixtures (HF and GGUF) run in family_fixture_test.cpp
+// with every family's; here: their 4-bit mlx-lm checkpoints (tests/model/fixtures/mlx, stacked switch_mlp experts)
+// against mlx-lm's logits, one token at a time too; the
 // description's expert tensors and dense layers; batching tokens per expert equal to one token at a time; the
 // refusals of MoE numbers that do not fit.
 #include <gtest/gtest.h>
@@ -16,6 +15,7 @@
 #include "lowbit/io/safetensors.h"
 #include "lowbit/model/family.h"
 #include "lowbit/model/model.h"
+#include "model/family_fixtures.h"
 #include "model/tiny_model.h"
 
 namespace lowbit::model {
@@ -24,23 +24,6 @@ namespace {
 namespace fs = std::filesystem;
 
 const fs::path kFixtures = fs::path(LOWBIT_SOURCE_DIR) / "tests/model/fixtures/families";
-
-template <class T>
-std::vector<T> values(const io::SafetensorsFile& f, std::string_view name) {
-  const TensorView v = f.tensor(name);
-  return {v.as<T>(), v.as<T>() + v.bytes.size() / sizeof(T)};
-}
-
-// max |a - b| / max |b|
-double relative_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double diff = 0, scale = 0;
-  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
-    diff = std::max(diff, std::abs(static_cast<double>(a[i]) - b[i]));
-    scale = std::max(scale, std::abs(static_cast<double>(b[i])));
-  }
-  return diff / scale;
-}
 
 // Logits of every position from one prefill (experts batched over the tokens routed to them).
 std::vector<float> prefill_logits(const Model& m, const std::vector<int32_t>& tokens, ThreadPool& pool) {
@@ -77,35 +60,12 @@ std::vector<int32_t> greedy(const Model& m, const std::vector<int32_t>& tokens, 
 
 class MoeFixture : public ::testing::TestWithParam<const char*> {};
 
-TEST_P(MoeFixture, HfAndGgufMatchTransformers) {
-  ThreadPool pool(2);
-  const fs::path dir = kFixtures / GetParam();
-  const auto f = io::SafetensorsFile::open(dir / "expected.safetensors");
-  const auto tokens = values<int32_t>(f, "tokens");
-  const auto expected_greedy = values<int32_t>(f, "greedy");
-  const auto expected = values<float>(f, "logits");
-  for (const fs::path& source : {dir, dir / "model.gguf"}) {
-    SCOPED_TRACE(source.string());
-    const auto m = load_model(source);
-    EXPECT_EQ(m->config.arch, GetParam());
-    ASSERT_GT(m->config.n_experts, 0);
-    for (const LayerWeights& w : m->layers) EXPECT_EQ(w.experts.size(), static_cast<size_t>(m->config.n_experts));
-    const double prefill = relative_diff(prefill_logits(*m, tokens, pool), expected);
-    const double stepwise = relative_diff(stepwise_logits(*m, tokens, pool), expected);
-    std::cout << "[ moe      ] " << source.lexically_relative(kFixtures).string()
-              << ": max |logit diff| / max |logit| prefill " << prefill << ", one token at a time " << stepwise << "\n";
-    EXPECT_LE(prefill, 1e-4);
-    EXPECT_LE(stepwise, 1e-4);
-    EXPECT_EQ(greedy(*m, tokens, expected_greedy.size(), pool), expected_greedy);
-  }
-}
-
 TEST_P(MoeFixture, MlxCheckpointMatchesMlxLm) {
   ThreadPool pool(2);
   const fs::path dir = fs::path(LOWBIT_SOURCE_DIR) / "tests/model/fixtures/mlx" / GetParam();
-  const auto f = io::SafetensorsFile::open(dir / "expected.safetensors");
-  const auto tokens = values<int32_t>(f, "tokens");
-  const auto expected = values<float>(f, "logits");
+  const testing::FamilyExpected e = testing::read_family_expected(dir / "expected.safetensors");
+  const std::vector<int32_t>& tokens = e.tokens;
+  const std::vector<float>& expected = e.logits;
   const auto m = load_model(dir);
   EXPECT_EQ(m->config.arch, GetParam());
   // The stacked experts arrive as affine tensors of their own (gate, up) or dense ones (down: 16 columns are no
@@ -114,17 +74,16 @@ TEST_P(MoeFixture, MlxCheckpointMatchesMlxLm) {
                                                         ? "block_sparse_moe.experts.2.w1.weight"
                                                         : "mlp.experts.2.gate_proj.weight"))->ref.codec->id,
             "affine");
-  const double prefill = relative_diff(prefill_logits(*m, tokens, pool), expected);
-  const double stepwise = relative_diff(stepwise_logits(*m, tokens, pool), expected);
+  const double prefill = testing::max_relative_diff(prefill_logits(*m, tokens, pool), expected);
+  const double stepwise = testing::max_relative_diff(stepwise_logits(*m, tokens, pool), expected);
   std::cout << "[ moe      ] mlx/" << GetParam() << ": max |logit diff| / max |logit| prefill " << prefill
             << ", one token at a time " << stepwise << "\n";
-  EXPECT_LE(prefill, 1e-4);
+  EXPECT_LE(prefill, testing::kFamilyTolerance);
   // One token at a time runs the affine matvec, which rounds the activations to 16-bit integers per group
   // (block_kernels.h, kLargestX): measured 1.3e-4 on mixtral's logits here, against 1.3e-6 for the prefill's f32
   // matmul. Greedy must still agree exactly.
   EXPECT_LE(stepwise, 1e-3);
-  const auto expected_greedy = values<int32_t>(f, "greedy");
-  EXPECT_EQ(greedy(*m, tokens, expected_greedy.size(), pool), expected_greedy);
+  EXPECT_EQ(greedy(*m, tokens, e.greedy.size(), pool), e.greedy);
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, MoeFixture, ::testing::Values("qwen3_moe", "mixtral"));
@@ -177,13 +136,13 @@ TEST(MoeForward, ExpertsBatchedOverAPrefillEqualOneTokenAtATime) {
   std::vector<int32_t> tokens;
   for (int32_t i = 0; i < 12; ++i) tokens.push_back((i * 37 + 5) % 64);
   const auto prefill = prefill_logits(*m, tokens, pool);
-  EXPECT_LE(relative_diff(stepwise_logits(*m, tokens, pool), prefill), 1e-5);
+  EXPECT_LE(testing::max_relative_diff(stepwise_logits(*m, tokens, pool), prefill), 1e-5);
   // The routing rule matters: renormalising the same experts' weights changes the logits.
   c.norm_topk_prob = true;
   ModelBuilder b;
   for (const NamedTensor& t : m->tensors) b.add(t.name, t.ref);
   b.keep_alive(std::shared_ptr<const void>(m.get(), [](const void*) {}));
-  EXPECT_GT(relative_diff(prefill_logits(*b.finish(c, "renormalised"), tokens, pool), prefill), 1e-3);
+  EXPECT_GT(testing::max_relative_diff(prefill_logits(*b.finish(c, "renormalised"), tokens, pool), prefill), 1e-3);
 }
 
 TEST(MoeConfig, NumbersThatDoNotFitAreRefusedNamingTheField) {
