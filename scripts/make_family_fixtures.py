@@ -5,10 +5,13 @@ Regenerate (CPU only, a few seconds):
     python3 -m pip install torch transformers safetensors      # CPU torch is enough
     python3 scripts/make_family_fixtures.py                     # writes tests/model/fixtures/families/<family>/
     python3 scripts/make_family_fixtures.py --check             # reloads and re-verifies each fixture
-  with the GGUF variants (llama, gemma2, gemma3, phi3), converted by llama.cpp's own converter classes:
+  with the GGUF variants (llama, gemma2, gemma3, phi3, qwen3_moe, mixtral), converted by llama.cpp's own converter classes:
     python3 -m pip download --no-binary :all: --no-deps llama-cpp-python -d /tmp/lcpp   # 0.3.36 used
     tar xzf /tmp/lcpp/llama_cpp_python-*.tar.gz -C /tmp/lcpp && python3 -m pip install sentencepiece
     python3 scripts/make_family_fixtures.py --llama-cpp /tmp/lcpp/llama_cpp_python-*/vendor/llama.cpp
+  with mlx-lm 4-bit checkpoints of the MoE families (tests/model/fixtures/mlx/<family>/, see write_mlx):
+    python3 -m pip install "mlx[cpu]" mlx-lm      # mlx 0.32.4, mlx-lm 0.32.2 used
+    python3 scripts/make_family_fixtures.py --mlx -- qwen3_moe mixtral
 Made with torch 2.15.0 (the +cu132 wheel, run on CPU), transformers 5.25.0, safetensors 0.8.0, Python 3.11.7, as
 recorded in each expected.safetensors' metadata (`generated_by`). Regenerating with the same versions reproduces the
 files byte for byte; other versions may differ in the last bits, which --check reports.
@@ -23,7 +26,8 @@ The weights were drawn from seeded normals, then rounded to bf16: the stored bf1
 reference computes with. Norm weights are drawn around 1 (gemma: w around 0, as its norms apply 1 + w; gemma's final
 norm w around 2, so its small tied embeddings still give logits big enough for softcapping), so nothing is degenerate.
 The script asserts, per family: the greedy continuation equals the argmax of an uncached forward over all 40 tokens;
-no greedy step is a near tie (top-1 minus top-2 logit >= MIN_MARGIN), so an implementation within 1e-4 relative of
+no greedy step is a near tie (top-1 minus top-2 logit >= MIN_MARGIN), and in MoE families no token's choice of
+experts is (k-th minus (k+1)-th routing probability >= MIN_ROUTING_MARGIN, every layer, prompt and continuation), so an implementation within 1e-4 relative of
 `logits` must reproduce `greedy`; greedy has >= MIN_DISTINCT distinct ids (not one id repeated); and each feature in
 the family's `ablations` matters (changing that config.json field moves some logit by more than BITE). A seed that
 fails the greedy conditions is skipped for the next one (deterministically); the seed used is printed.
@@ -34,7 +38,7 @@ layer pattern: 6, so both layers slide), so gemma2 and gemma3 also get expected_
 greedy of that llama.cpp view (llama_cpp_gguf_view; it is in the file's metadata). For llama and phi3 the GGUF means
 the same model and expected.safetensors applies (phi3: as long as the short rope factors are used, which HF does
 for every position < original_max_position_embeddings 64; llama.cpp picks by context size).
-Sizes (bytes): model.safetensors 118-143 K, model.gguf 122-137 K, expected*.safetensors 12.9 K, config.json < 1 K;
+Sizes (bytes): model.safetensors 118-143 K, model.gguf 122-137 K (qwen3_moe 140 K), expected*.safetensors 12.9 K, config.json < 1 K;
 HF part of each directory <= 153 KiB, whole directory <= 287 KiB (gemma3 with both expectations).
 
 Every family: 2 layers, hidden 64, 4 heads, 2 KV heads (GQA 2), head_dim 16 and intermediate 64 unless said
@@ -68,6 +72,15 @@ the transformers config fields ("ablation-checked": the script verifies the feat
            max_position_embeddings 128: every position here (< 40) uses short_factor, and cos/sin are multiplied by
            sqrt(1 + ln(128/64) / ln(64)) = 1.0801; partial_rotary_factor 1.0; rms_norm_eps 1e-5; longrope
            ablation-checked.
+  qwen3_moe Qwen3MoeForCausalLM; qwen3's attention (head_dim 16 here) with every MLP an MoE block: 5 experts of
+           moe_intermediate_size 16, top-2 (num_experts_per_tok) of the softmax, renormalised (norm_topk_prob true,
+           ablation-checked); no shared expert; decoder_sparse_step 1, mlp_only_layers [] (llama.cpp's qwen3moe has
+           no dense layers, so a dense layer would leave the GGUF out); tied. Stored one tensor per expert as the
+           published checkpoints are (mlp.experts.{e}.gate_proj.weight; transformers 5 keeps them stacked in
+           memory and save_pretrained writes them back that way, see checkpoint_state).
+  mixtral  MixtralForCausalLM; llama attention, sliding_window null; 4 experts (w1 gate, w3 up, w2 down) of
+           intermediate_size 16, top-2 renormalised (num_experts_per_tok ablation-checked: 1); untied. The
+           converter writes it as GGUF architecture "llama" with expert_count, merged ffn_*_exps tensors.
 """
 import argparse
 import json
@@ -87,6 +100,7 @@ N_GREEDY = 16   # greedy continuation length
 MIN_MARGIN = 2e-2  # smallest allowed top-1 minus top-2 logit at a greedy step
 MIN_DISTINCT = 6   # fewest distinct ids in the greedy continuation (a repeated id tests little)
 SEED_TRIES = 200  # seeds tried per family before giving up
+MIN_ROUTING_MARGIN = 1e-3  # smallest allowed gap between the k-th and (k+1)-th expert's routing probability
 BITE = 1e-1     # a softcap must move some logit by more than this to count as exercised
 LOGIT_RTOL = 1e-5  # --check: reloaded logits vs the stored ones (same library, same machine: near bit-exact)
 
@@ -174,6 +188,28 @@ FAMILIES = {
         },
         "ablations": {"rope_scaling": None},
     },
+    "qwen3_moe": {
+        "experts": True,
+        "config": {
+            "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_act": "silu",
+            "intermediate_size": 32, "moe_intermediate_size": 16, "num_experts": 5, "num_experts_per_tok": 2,
+            "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": [],
+            "tie_word_embeddings": True, "attention_bias": False, "rope_theta": 1000000.0,
+            "use_sliding_window": False, "sliding_window": None, "max_window_layers": 2,
+            "router_aux_loss_coef": 0.0, "output_router_logits": False,
+        },
+        "ablations": {"norm_topk_prob": False},
+    },
+    "mixtral": {
+        "experts": True,
+        "config": {
+            "architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "hidden_act": "silu",
+            "intermediate_size": 16, "num_local_experts": 4, "num_experts_per_tok": 2,
+            "tie_word_embeddings": False, "rope_theta": 1000000.0, "sliding_window": None,
+            "router_aux_loss_coef": 0.0, "output_router_logits": False,
+        },
+        "ablations": {"num_experts_per_tok": 1},
+    },
 }
 
 
@@ -200,9 +236,37 @@ def redraw_weights(model: torch.nn.Module, gemma_norm: bool, seed: int) -> None:
                 value = (0.05 if gemma_norm else 0.4) * torch.randn(p.shape, generator=gen)
             elif "lm_head" in name:
                 value = 3.0 / math.sqrt(p.shape[1]) * torch.randn(p.shape, generator=gen)
-            else:
-                value = 1.5 / math.sqrt(p.shape[1]) * torch.randn(p.shape, generator=gen)
+            else:  # matrices, and stacked expert matrices [experts, rows, cols]: scaled by their fan-in
+                value = 1.5 / math.sqrt(p.shape[-1]) * torch.randn(p.shape, generator=gen)
             p.copy_(value.to(torch.bfloat16).to(torch.float32))
+
+
+def checkpoint_state(model) -> dict:
+    """The state dict under the published checkpoints' names, in bf16.
+
+    transformers 5 keeps MoE experts stacked in memory (mlp.experts.gate_up_proj [experts, 2 hidden, dim]);
+    save_pretrained writes them back one tensor per expert as the published checkpoints have them
+    (mlp.experts.{e}.gate_proj.weight, block_sparse_moe.experts.{e}.w1.weight, ...), and omits a tied lm_head.
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        model.save_pretrained(tmp)
+        state = safetensors.torch.load_file(pathlib.Path(tmp) / "model.safetensors")
+    return {k: v.to(torch.bfloat16).contiguous() for k, v in sorted(state.items())}
+
+
+def routing_margin(model, tokens: torch.Tensor) -> float | None:
+    """Smallest gap between the k-th and (k+1)-th routing probability over every token and MoE layer (None for
+    dense models): a token whose experts are a near tie could be routed differently by a correct implementation."""
+    k = getattr(model.config, "num_experts_per_tok", None)
+    if k is None:
+        return None
+    with torch.no_grad():
+        router_logits = model(tokens[None, :], use_cache=False, output_router_logits=True).router_logits
+    margin = math.inf
+    for layer_logits in router_logits:
+        p = torch.softmax(layer_logits.float(), dim=-1).sort(dim=-1, descending=True).values
+        margin = min(margin, float((p[:, k - 1] - p[:, k]).min()))
+    return margin
 
 
 def fixed_tokens(vocab: int) -> torch.Tensor:
@@ -266,6 +330,11 @@ def verify(family: str, directory: pathlib.Path, logits: torch.Tensor, cont: tor
     if spread < 0.3:
         sys.exit(f"{family}: logits std {spread:.3g} is degenerate")
     notes.append(f"logits std {spread:.3f}, min greedy margin {margin:.3f}")
+    routing = routing_margin(model, torch.cat([tokens, cont]))
+    if routing is not None:
+        if routing < MIN_ROUTING_MARGIN:
+            raise NearTie(f"{family}: a token's experts are a near tie (routing margin {routing:.3g})")
+        notes.append(f"min routing margin {routing:.4f}")
     # Each feature named in `ablations` must matter: the same weights with that config.json field changed give
     # logits that differ by more than BITE.
     for field, value in (FAMILIES[family].get("ablations", {}) if ablations else {}).items():
@@ -302,9 +371,12 @@ def write_family_with_seed(family: str, out: pathlib.Path, seed: int) -> None:
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     redraw_weights(model, spec.get("gemma_norm", False), seed)
-    state = {k: v.to(torch.bfloat16).contiguous() for k, v in model.state_dict().items()}
-    if config_json["tie_word_embeddings"]:
-        del state["lm_head.weight"]  # stored once, as in the published tied checkpoints
+    if spec.get("experts"):
+        state = checkpoint_state(model)
+    else:
+        state = {k: v.to(torch.bfloat16).contiguous() for k, v in model.state_dict().items()}
+        if config_json["tie_word_embeddings"]:
+            del state["lm_head.weight"]  # stored once, as in the published tied checkpoints
     safetensors.torch.save_file(state, directory / "model.safetensors", metadata={"format": "pt"})
 
     reference = load_reference(directory)
@@ -329,7 +401,7 @@ def versions() -> dict:
 
 
 # Families converted to GGUF with --llama-cpp: the new ones, plus llama for the converter's q/k row permutation.
-GGUF_FAMILIES = ("llama", "gemma2", "gemma3", "phi3")
+GGUF_FAMILIES = ("llama", "gemma2", "gemma3", "phi3", "qwen3_moe", "mixtral")
 
 
 def llama_cpp_gguf_view(family: str) -> dict:
@@ -453,6 +525,57 @@ def describe_gguf(family: str, directory: pathlib.Path) -> None:
     print(f"{family}: model.gguf {size} B; tensors (blk.0 shown): {blk0}; keys: {keys}")
 
 
+# Families also written as mlx-lm 4-bit checkpoints with --mlx (mlx-lm stacks the experts: switch_mlp).
+MLX_FAMILIES = ("qwen3_moe", "mixtral")
+MLX_GROUP = 32  # group size; widths that are no multiple of it (the experts' down_proj here) stay unquantized
+
+
+def write_mlx(family: str, out: pathlib.Path, mlx_out: pathlib.Path) -> None:
+    """Converts out/<family> with mlx-lm (4-bit affine, group MLX_GROUP) into mlx_out/<family>/ and stores mlx-lm's
+    own float32 logits over the same tokens and its greedy continuation (uncached argmax steps) beside it.
+
+    mlx-lm's `convert` also wants a tokenizer, which the fixtures lack, so its pieces are called directly:
+    load_model, quantize_model, save_model, save_config (config.json with the "quantization" block).
+    """
+    import mlx.core as mx  # noqa: E402
+    import mlx_lm  # noqa: E402
+    from mlx_lm.utils import load_model, quantize_model, save_config, save_model  # noqa: E402
+    import numpy as np  # noqa: E402
+
+    directory = mlx_out / family
+    if directory.exists():
+        shutil.rmtree(directory)
+    directory.mkdir(parents=True)
+    model, config = load_model(out / family)
+    model, config = quantize_model(model, config, MLX_GROUP, 4)
+    save_model(directory, model, donate_model=False)
+    save_config(config, directory / "config.json")
+    (directory / "model.safetensors.index.json").unlink(missing_ok=True)
+    model, _ = load_model(directory)
+    model.set_dtype(mx.float32)  # compute in f32 from the stored bf16 scales and weights (as lowbit does)
+    tokens = fixed_tokens(config["vocab_size"])
+
+    def logits_of(ids: list[int]) -> np.ndarray:
+        return np.array(model(mx.array([ids])).astype(mx.float32))[0]
+
+    logits = logits_of(tokens.tolist())
+    ids = tokens.tolist()
+    for _ in range(N_GREEDY):
+        ids.append(int(logits_of(ids)[-1].argmax()))
+    cont = torch.tensor(ids[T:], dtype=torch.int32)
+    step_logits = logits_of(ids)[T - 1:T - 1 + N_GREEDY]
+    top2 = np.sort(step_logits, axis=-1)[:, -2:]
+    margin = float((top2[:, 1] - top2[:, 0]).min())
+    safetensors.torch.save_file(
+        {"tokens": tokens.to(torch.int32), "logits": torch.from_numpy(logits.copy()).contiguous(), "greedy": cont},
+        directory / "expected.safetensors",
+        metadata={"generated_by": json.dumps({"script": "scripts/make_family_fixtures.py --mlx",
+                                              "mlx": mx.__version__, "mlx_lm": mlx_lm.__version__,
+                                              "source": f"tests/model/fixtures/families/{family}"})})
+    sizes = {p.name: p.stat().st_size for p in sorted(directory.iterdir())}
+    print(f"{family} (mlx): greedy {cont.tolist()}, min greedy margin {margin:.3f}; sizes {sizes}")
+
+
 def check_family(family: str, out: pathlib.Path) -> None:
     directory = out / family
     check_expected(family, directory, directory / "expected.safetensors")
@@ -488,6 +611,9 @@ def main() -> None:
     parser.add_argument("--llama-cpp", type=pathlib.Path,
                         help="llama.cpp source tree (e.g. vendor/llama.cpp of the llama-cpp-python sdist): also "
                              f"write model.gguf for {', '.join(GGUF_FAMILIES)} with its converter")
+    parser.add_argument("--mlx", type=pathlib.Path, nargs="?", const=root / "tests/model/fixtures/mlx",
+                        help=f"also write mlx-lm 4-bit checkpoints of {', '.join(MLX_FAMILIES)} with mlx-lm's "
+                             "logits into this folder (default tests/model/fixtures/mlx)")
     parser.add_argument("families", nargs="*", default=list(FAMILIES))
     args = parser.parse_args()
     torch.set_num_threads(1)  # one thread: the reduction order does not depend on the machine's core count
@@ -498,6 +624,8 @@ def main() -> None:
             write_family(family, args.out, first_seed=1000 * (1 + list(FAMILIES).index(family)))
             if args.llama_cpp and family in GGUF_FAMILIES:
                 write_gguf(family, args.out, args.llama_cpp.resolve())
+        if args.mlx and family in MLX_FAMILIES:
+            write_mlx(family, args.out, args.mlx)
 
 
 if __name__ == "__main__":

@@ -111,6 +111,10 @@ void check_quantize_report(const json& report, const Manifest& m, uint64_t artif
       if (t.number(loss) < 0) fail(Errc::format, "{} {}: {}.{}: must not be negative", kOp, source, field, loss);
     t.unsigned_integer("rtn_proxy_loss_sampled_rows");
     t.boolean("guard_tripped");
+    // rows the tensor's Hessian came from (an MoE expert's: the tokens routed to it); -1 without calibration;
+    // absent in artifacts quantized before the field existed
+    if (const auto* rows = t.optional("calibration_rows"); rows && !(rows->is_number_integer() && *rows >= -1))
+      fail(Errc::format, "{} {}: {}.calibration_rows: {} is not a row count or -1", kOp, source, field, rows->dump());
     t.finish();
     weights += checked_shape_numel(entry.shape, entry.name);
     bytes += stored;

@@ -24,11 +24,14 @@ extern const Family kQwen3Family;
 extern const Family kGemma2Family;
 extern const Family kGemma3Family;
 extern const Family kPhi3Family;
+extern const Family kQwen3MoeFamily;
+extern const Family kMixtralFamily;
 
 namespace {
 
-constexpr std::array<const Family*, 7> kFamilies{&kLlamaFamily, &kMistralFamily, &kQwen2Family, &kQwen3Family,
-                                                 &kGemma2Family, &kGemma3Family, &kPhi3Family};
+constexpr std::array<const Family*, 9> kFamilies{&kLlamaFamily,  &kMistralFamily, &kQwen2Family,
+                                                 &kQwen3Family,  &kGemma2Family,  &kGemma3Family,
+                                                 &kPhi3Family,   &kQwen3MoeFamily, &kMixtralFamily};
 
 constexpr std::string_view kHfLayerPrefix = "model.layers.";
 constexpr std::string_view kGgufLayerPrefix = "blk.";
@@ -36,7 +39,8 @@ constexpr std::string_view kGgufLayerPrefix = "blk.";
 constexpr std::array<std::string_view, kRoleCount> kRoleNames{
     "attn_norm", "attn_norm_bias", "q",    "k",      "v",      "qkv",         "q_bias",    "k_bias",
     "v_bias",    "q_norm",         "k_norm", "o",    "o_bias", "post_attn_norm", "ffn_norm", "ffn_norm_bias",
-    "gate",      "up",             "gate_up", "down", "down_bias", "up_bias", "post_ffn_norm"};
+    "gate",      "up",             "gate_up", "down", "down_bias", "up_bias", "post_ffn_norm",
+    "router",    "expert_gate",    "expert_up", "expert_down"};
 
 bool names(const Family& f, std::string_view name) {
   if (name == f.name || name == f.hf_class) return true;
@@ -142,6 +146,9 @@ std::optional<LinearInput> linear_input(Role r) {
     case Role::o: return LinearInput::attn_out;
     case Role::gate: case Role::up: case Role::gate_up: return LinearInput::ffn_in;
     case Role::down: return LinearInput::ffn_mid;
+    case Role::router: return LinearInput::ffn_in;
+    case Role::expert_gate: case Role::expert_up: return LinearInput::expert_in;
+    case Role::expert_down: return LinearInput::expert_mid;
     default: return std::nullopt;
   }
 }
@@ -156,6 +163,8 @@ int64_t dim_size(Dim d, const ModelConfig& c) {
     case Dim::head_dim: return c.head_dim;
     case Dim::hidden: return c.hidden_dim;
     case Dim::gate_up_dim: return 2 * c.hidden_dim;
+    case Dim::n_experts: return c.n_experts;
+    case Dim::expert_hidden: return c.expert_hidden_dim;
   }
   fail(Errc::internal, "[dim_size] unknown dimension {}", static_cast<int>(d));
 }
@@ -322,6 +331,7 @@ bool is_decoder_tensor_name(std::string_view hf_name) {
 }
 
 std::string hf_tensor_name(int64_t layer, const TensorSpec& t) {
+  if (t.expert >= 0) return fmt::format("{}{}.{}", kHfLayerPrefix, layer, fmt::format(fmt::runtime(t.hf), t.expert));
   return fmt::format("{}{}.{}", kHfLayerPrefix, layer, t.hf);
 }
 
@@ -339,7 +349,7 @@ std::optional<LayerTensor> find_layer_tensor(const ModelDesc& d, std::string_vie
   if (ec != std::errc() || end != rest.data() + dot || layer < 0 || layer >= static_cast<int64_t>(d.layers.size()))
     return std::nullopt;
   for (const TensorSpec& t : d.layers[static_cast<size_t>(layer)].tensors)
-    if (t.hf == rest.substr(dot + 1)) return LayerTensor{layer, &t};
+    if (t.expert < 0 ? t.hf == rest.substr(dot + 1) : hf_tensor_name(layer, t) == hf_name) return LayerTensor{layer, &t};
   return std::nullopt;
 }
 

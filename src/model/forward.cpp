@@ -126,6 +126,19 @@ float gelu_tanh(float x) {
 
 float gelu_erf(float x) { return 0.5f * x * (1.0f + std::erf(x / std::numbers::sqrt2_v<float>)); }
 
+// gate [n] = act(gate) * up [n] for the gated activations (swiglu, geglu_tanh).
+void gate_times_up(float* gate, const float* up, size_t n, Activation act) {
+  if (act == Activation::swiglu) {
+    for (size_t j = 0; j < n; ++j) {
+      float val = gate[j];
+      val *= 1.0f / (1.0f + std::exp(-val));
+      gate[j] = val * up[j];
+    }
+  } else {
+    for (size_t j = 0; j < n; ++j) gate[j] = gelu_tanh(gate[j]) * up[j];
+  }
+}
+
 // Working memory for m rows, sized for the widest layer.
 struct Scratch {
   std::vector<float> x, h, q, k, v, qkv, att, hb, hb2, fused;
@@ -203,19 +216,79 @@ void mlp_op(const ModelConfig& c, const LayerDesc& desc, const LayerWeights& w, 
       w.linear(Role::gate)->matmul(s.h.data(), m, s.hb.data(), pool);
       w.linear(Role::up)->matmul(s.h.data(), m, s.hb2.data(), pool);
     }
-    if (desc.activation == Activation::swiglu) {
-      for (size_t j = 0; j < s.hb.size(); ++j) {
-        float val = s.hb[j];
-        val *= 1.0f / (1.0f + std::exp(-val));
-        s.hb[j] = val * s.hb2[j];
-      }
-    } else {
-      for (size_t j = 0; j < s.hb.size(); ++j) s.hb[j] = gelu_tanh(s.hb[j]) * s.hb2[j];
-    }
+    gate_times_up(s.hb.data(), s.hb2.data(), s.hb.size(), desc.activation);
   }
   // h [m, dim] = hb [m, hidden] @ Wdown^T (+ down_bias)
   w.linear(Role::down)->matmul(s.hb.data(), m, s.h.data(), pool);
   add_bias(s.h.data(), w.vector(Role::down_bias), m);
+}
+
+// The experts a row of router logits [n_experts] picks and their weights, by the layer's MoeSpec: softmax over
+// all experts, the top_k largest probabilities (ties: the lower index, as torch.topk), renormalised if asked.
+struct Route {
+  int64_t expert;
+  float weight;
+};
+void route_row(const float* logits, const MoeSpec& spec, std::vector<float>& p, std::vector<int64_t>& order,
+               std::vector<Route>& out) {
+  const auto n = static_cast<size_t>(spec.n_experts);
+  const float max = *std::max_element(logits, logits + n);
+  float sum = 0.0f;
+  for (size_t e = 0; e < n; ++e) sum += p[e] = std::exp(logits[e] - max);
+  for (size_t e = 0; e < n; ++e) p[e] /= sum;
+  for (size_t e = 0; e < n; ++e) order[e] = static_cast<int64_t>(e);
+  std::partial_sort(order.begin(), order.begin() + spec.top_k, order.end(),
+                    [&](int64_t a, int64_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
+  float chosen = 0.0f;
+  for (int64_t j = 0; j < spec.top_k; ++j) chosen += p[order[j]];
+  out.clear();
+  for (int64_t j = 0; j < spec.top_k; ++j)
+    out.push_back({order[j], spec.renormalise ? p[order[j]] / chosen : p[order[j]]});
+}
+
+// h [m, dim] = moe(h): each row routed to its top-k experts; then, expert by expert, the rows routed to it are
+// gathered [r, dim], run through its gated MLP as one batch (prefill: one matmul per expert, not per token;
+// experts no row chose are not touched), and added into the output weighted, in expert order as transformers
+// adds them.
+void moe_op(const ModelConfig& c, const LayerDesc& desc, const LayerWeights& w, Scratch& s, int64_t m,
+            ThreadPool& pool) {
+  const MoeSpec& spec = desc.moe;
+  const int64_t dim = c.dim, hidden = c.expert_hidden_dim;
+  // logits [m, n_experts] = h [m, dim] @ Wrouter^T
+  std::vector<float> logits(static_cast<size_t>(m * spec.n_experts));
+  w.linear(Role::router)->matmul(s.h.data(), m, logits.data(), pool);
+  struct RoutedRow {
+    int64_t row;
+    float weight;
+  };
+  std::vector<std::vector<RoutedRow>> rows_of(static_cast<size_t>(spec.n_experts));
+  std::vector<float> p(static_cast<size_t>(spec.n_experts));
+  std::vector<int64_t> order(static_cast<size_t>(spec.n_experts));
+  std::vector<Route> picked;
+  for (int64_t i = 0; i < m; ++i) {
+    route_row(logits.data() + i * spec.n_experts, spec, p, order, picked);
+    for (const Route& r : picked) rows_of[static_cast<size_t>(r.expert)].push_back({i, r.weight});
+  }
+  std::vector<float> out(static_cast<size_t>(m * dim), 0.0f), in, gate, up, y;
+  for (size_t e = 0; e < rows_of.size(); ++e) {
+    const std::vector<RoutedRow>& rows = rows_of[e];
+    if (rows.empty()) continue;
+    const auto r = static_cast<int64_t>(rows.size());
+    const ExpertWeights& ex = w.experts[e];
+    // in [r, dim] = the routed rows of h; gate, up [r, hidden]; y [r, dim] = act(gate) * up @ Wdown^T
+    in.resize(static_cast<size_t>(r * dim));
+    gate.resize(static_cast<size_t>(r * hidden));
+    up.resize(gate.size());
+    y.resize(in.size());
+    for (int64_t j = 0; j < r; ++j) std::copy_n(s.h.data() + rows[j].row * dim, dim, in.data() + j * dim);
+    ex.gate->matmul(in.data(), r, gate.data(), pool);
+    ex.up->matmul(in.data(), r, up.data(), pool);
+    gate_times_up(gate.data(), up.data(), gate.size(), desc.activation);
+    ex.down->matmul(gate.data(), r, y.data(), pool);
+    for (int64_t j = 0; j < r; ++j)
+      for (int64_t d = 0; d < dim; ++d) out[rows[j].row * dim + d] += rows[j].weight * y[j * dim + d];
+  }
+  std::copy(out.begin(), out.end(), s.h.begin());
 }
 
 void run_layer(const Model& model, int64_t l, KvCache& cache, Scratch& s, int64_t m, int64_t pos, ThreadPool& pool) {
@@ -233,6 +306,7 @@ void run_layer(const Model& model, int64_t l, KvCache& cache, Scratch& s, int64_
       }
       case Op::Kind::attention: attention_op(model, desc, w, l, cache, s, m, pos, pool); break;
       case Op::Kind::mlp: mlp_op(c, desc, w, s, m, pool); break;
+      case Op::Kind::moe: moe_op(c, desc, w, s, m, pool); break;
       case Op::Kind::add:
         for (size_t j = 0; j < s.x.size(); ++j) s.x[j] += s.h[j];
         break;

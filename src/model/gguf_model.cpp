@@ -17,8 +17,9 @@ namespace {
 
 // Where a GGUF tensor goes: its HF name, and whether it is a (1 + w) norm gain, which llama.cpp's converter
 // stores as 1 + w (conversion/gemma.py, norm_shift) and the description's NormKind::rms_unit_offset takes as w.
+// A merged expert tensor ([n_experts, rows, cols]) goes to its experts' HF names, in expert order.
 struct GgufTarget {
-  std::string hf;
+  std::vector<std::string> hf;
   bool unit_offset_gain = false;
 };
 
@@ -32,16 +33,18 @@ bool is_norm_gain(const LayerDesc& layer, Role r) {
 // under its spec's GGUF name.
 std::unordered_map<std::string, GgufTarget> targets(const ModelDesc& d) {
   const bool unit_final = d.final_norm == NormKind::rms_unit_offset;
-  std::unordered_map<std::string, GgufTarget> names{{"token_embd.weight", {std::string(kEmbedTensor)}},
-                                                    {"output_norm.weight", {std::string(kFinalNormTensor), unit_final}},
-                                                    {"output_norm.bias", {std::string(kFinalNormBiasTensor)}},
-                                                    {"output.weight", {std::string(kLmHeadTensor)}}};
+  std::unordered_map<std::string, GgufTarget> names{
+      {"token_embd.weight", {{std::string(kEmbedTensor)}}},
+      {"output_norm.weight", {{std::string(kFinalNormTensor)}, unit_final}},
+      {"output_norm.bias", {{std::string(kFinalNormBiasTensor)}}},
+      {"output.weight", {{std::string(kLmHeadTensor)}}}};
   for (size_t l = 0; l < d.layers.size(); ++l) {
     const LayerDesc& layer = d.layers[l];
-    for (const TensorSpec& t : layer.tensors)
-      names.emplace(gguf_tensor_name(static_cast<int64_t>(l), t),
-                    GgufTarget{hf_tensor_name(static_cast<int64_t>(l), t),
-                               layer.norm == NormKind::rms_unit_offset && is_norm_gain(layer, t.role)});
+    for (const TensorSpec& t : layer.tensors) {
+      GgufTarget& target = names[gguf_tensor_name(static_cast<int64_t>(l), t)];
+      target.hf.push_back(hf_tensor_name(static_cast<int64_t>(l), t));
+      target.unit_offset_gain = layer.norm == NormKind::rms_unit_offset && is_norm_gain(layer, t.role);
+    }
   }
   return names;
 }
@@ -154,21 +157,37 @@ std::unique_ptr<Model> load_gguf_model(const std::filesystem::path& path, const 
     if (it == names.end())
       fail(Errc::format, "[gguf] {}: tensor '{}' has no place in a {} model of {} layers (block_count)", file.source(),
            t.name, c.arch, c.n_layers);
-    // Gains stored as 1 + w (unit_offset_gain) are shifted back in f32; everything else keeps its packed form.
-    auto packed = weights == GgufWeights::packed && !it->second.unit_offset_gain ? gguf_packed_tensor(file, t)
-                                                                                 : std::nullopt;
-    if (!packed) {
-      std::vector<float> values = file.dequantize(t);
-      if (it->second.unit_offset_gain)
-        for (float& v : values) v -= 1.0f;
-      b.add_f32(it->second.hf, t.shape(), std::move(values));
+    // Gains stored as 1 + w (unit_offset_gain) are shifted back in f32 and merged expert tensors sliced in f32;
+    // everything else keeps its packed form.
+    const bool single = it->second.hf.size() == 1;
+    auto packed = weights == GgufWeights::packed && !it->second.unit_offset_gain && single
+                      ? gguf_packed_tensor(file, t)
+                      : std::nullopt;
+    if (packed) {
+      auto owned = std::make_shared<codec::EncodedTensor>(std::move(packed->tensor));
+      codec::TensorRef ref{packed->codec, owned->params, t.shape(), owned->views()};
+      codec::validate_tensor(ref, fmt::format("[gguf] {}: tensor '{}'", file.source(), t.name));
+      b.keep_alive(std::move(owned));
+      b.add(it->second.hf[0], std::move(ref));
       continue;
     }
-    auto owned = std::make_shared<codec::EncodedTensor>(std::move(packed->tensor));
-    codec::TensorRef ref{packed->codec, owned->params, t.shape(), owned->views()};
-    codec::validate_tensor(ref, fmt::format("[gguf] {}: tensor '{}'", file.source(), t.name));
-    b.keep_alive(std::move(owned));
-    b.add(it->second.hf, std::move(ref));
+    std::vector<float> values = file.dequantize(t);
+    if (it->second.unit_offset_gain)
+      for (float& v : values) v -= 1.0f;
+    if (single) {
+      b.add_f32(it->second.hf[0], t.shape(), std::move(values));
+      continue;
+    }
+    // A merged expert tensor: one [rows, cols] slice per expert (every GGUF type's rows are independent).
+    const Shape shape = t.shape();
+    const std::vector<std::string>& experts = it->second.hf;
+    if (shape.size() != 3 || shape[0] != static_cast<int64_t>(experts.size()))
+      fail(Errc::shape, "[gguf] {}: tensor '{}' has shape {}, expected [{}, rows, cols]", file.source(), t.name,
+           shape_str(shape), experts.size());
+    const auto per_expert = static_cast<size_t>(shape[1] * shape[2]);
+    for (size_t e = 0; e < experts.size(); ++e)
+      b.add_f32(experts[e], {shape[1], shape[2]},
+                std::vector<float>(values.begin() + e * per_expert, values.begin() + (e + 1) * per_expert));
   }
   mapped.reset();
   return b.finish(c, source);

@@ -49,7 +49,10 @@ void prepare_layer(Preparer& p, const ModelConfig& c, const LayerDesc& desc, int
     const std::string name = hf_tensor_name(l, t);
     const int64_t rows = dim_size(t.rows, c);
     const size_t role = static_cast<size_t>(t.role);
-    if (t.linear())
+    if (t.expert >= 0) {
+      if (w.experts.size() <= static_cast<size_t>(t.expert)) w.experts.resize(static_cast<size_t>(t.expert) + 1);
+      w.linear_slot(t.role, t.expert) = p.linear(name, rows, dim_size(t.cols, c));
+    } else if (t.linear())
       w.linears[role] = p.linear(name, rows, dim_size(t.cols, c));
     else
       w.vectors[role] = p.vec(name, rows);

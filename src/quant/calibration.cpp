@@ -53,8 +53,30 @@ Hessian& LayerHessians::of(LinearInput input) {
     case LinearInput::attn_out: return attn_out;
     case LinearInput::ffn_in: return ffn_in;
     case LinearInput::ffn_mid: return ffn_mid;
+    case LinearInput::expert_in: case LinearInput::expert_mid: break;
   }
-  return attn_in;
+  fail(Errc::internal, "[calibration] no Hessian is shared by the linears of an expert");
+}
+
+namespace {
+Hessian& collected(LayerHessians& hs, LinearInput input, int32_t expert) {
+  if (!is_expert_input(input)) return hs.of(input);
+  std::vector<Hessian>& per_expert = input == LinearInput::expert_in ? hs.expert_in : hs.expert_mid;
+  if (expert < 0 || static_cast<size_t>(expert) >= per_expert.size())
+    fail(Errc::internal, "[calibration] no Hessian for expert {}", expert);
+  return per_expert[static_cast<size_t>(expert)];
+}
+}  // namespace
+
+Hessian* LayerHessians::for_linear(LinearInput input, int32_t expert) {
+  Hessian& h = collected(*this, input, expert);
+  return !is_expert_input(input) || h.samples >= static_cast<uint64_t>(h.dim) ? &h : nullptr;
+}
+
+uint64_t LayerHessians::rows(LinearInput input, int32_t expert) { return collected(*this, input, expert).samples; }
+
+bool is_expert_input(LinearInput input) {
+  return input == LinearInput::expert_in || input == LinearInput::expert_mid;
 }
 
 std::optional<LayerLinear> layer_linear(const model::ModelDesc& desc, std::string_view tensor_name) {
@@ -62,7 +84,7 @@ std::optional<LayerLinear> layer_linear(const model::ModelDesc& desc, std::strin
   if (!t) return std::nullopt;
   const auto input = model::linear_input(t->spec->role);
   if (!input) return std::nullopt;
-  return LayerLinear{t->layer, t->spec->role, *input};
+  return LayerLinear{t->layer, t->spec->role, *input, t->spec->expert};
 }
 
 int64_t CalibrationText::tokens() const {
@@ -131,9 +153,17 @@ LayerHessians LayerwiseCalibrator::capture(int64_t layer) {
     std::array<bool, 4> captured{};
     for (const model::TensorSpec& t : model_.desc.layers.at(static_cast<size_t>(layer)).tensors) {
       const auto input = model::linear_input(t.role);
-      if (!input || captured[static_cast<size_t>(*input)]) continue;
+      if (!input || is_expert_input(*input) || captured[static_cast<size_t>(*input)]) continue;
       captured[static_cast<size_t>(*input)] = true;
       scopes.emplace_back(w.linear_slot(t.role), h.of(*input));
+    }
+    // Each expert's gate sees exactly the rows routed to it (the moe op gathers them), and its down their
+    // activations.
+    h.expert_in.resize(w.experts.size());
+    h.expert_mid.resize(w.experts.size());
+    for (size_t e = 0; e < w.experts.size(); ++e) {
+      scopes.emplace_back(w.experts[e].gate, h.expert_in[e]);
+      scopes.emplace_back(w.experts[e].down, h.expert_mid[e]);
     }
     run_layer(layer);
   }

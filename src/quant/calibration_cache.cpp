@@ -270,10 +270,13 @@ CachedCalibrator::CachedCalibrator(model::Model& model, const CalibrationText& t
 
 LayerHessians CachedCalibrator::hessians(int64_t layer) {
   const auto& w = model_.layers.at(static_cast<size_t>(layer));
+  // The cache holds the four shared Hessians only: an MoE layer's per-expert ones are computed every time.
+  const bool cacheable = w.experts.empty();
   LayerInputDims dims{};
   for (const model::TensorSpec& t : model_.desc.layers.at(static_cast<size_t>(layer)).tensors)
-    if (const auto input = model::linear_input(t.role)) dims[static_cast<size_t>(*input)] = w.linear(t.role)->cols();
-  if (cache_) {
+    if (const auto input = model::linear_input(t.role); input && !is_expert_input(*input))
+      dims[static_cast<size_t>(*input)] = w.linear(t.role)->cols();
+  if (cache_ && cacheable) {
     try {
       if (auto hit = cache_->read(layer, dims)) {
         ++stats_.reused;
@@ -292,7 +295,7 @@ LayerHessians CachedCalibrator::hessians(int64_t layer) {
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   ++stats_.computed;
   stats_.seconds_spent += seconds;
-  if (cache_) {
+  if (cache_ && cacheable) {
     try {
       cache_->write(layer, h, seconds);
     } catch (const Error& e) {

@@ -52,7 +52,7 @@ void rotate_columns(std::vector<float>& w, const codec::hadamard::RandomizedHada
 model::LinearInput norm_reader(const model::LayerDesc& layer, size_t op, std::string_view arch) {
   const model::Op::Kind next = op + 1 < layer.ops.size() ? layer.ops[op + 1].kind : model::Op::Kind::add;
   if (next == model::Op::Kind::attention) return model::LinearInput::attn_in;
-  if (next == model::Op::Kind::mlp) return model::LinearInput::ffn_in;
+  if (next == model::Op::Kind::mlp || next == model::Op::Kind::moe) return model::LinearInput::ffn_in;
   fail(Errc::unsupported, "[fold] {}: a norm of the residual stream that feeds no attention or MLP cannot be folded",
        arch);
 }
@@ -115,15 +115,24 @@ FoldResult fold_and_rotate(const model::Model& source, uint64_t seed) {
              "commute with the rotation; quantize without rotation", c.arch, model::role_name(op.weight));
       const model::LinearInput reader = norm_reader(layer, i, c.arch);
       const std::vector<float> gain = take_gain(name(op.weight), layer.norm);
+      // An MoE block's router and experts all read the ffn norm's output.
+      const auto reads_norm = [&](model::Role r) {
+        const auto input = model::linear_input(r);
+        return input == reader || (reader == model::LinearInput::ffn_in && input == model::LinearInput::expert_in);
+      };
       for (const model::TensorSpec& t : layer.tensors)
-        if (model::linear_input(t.role) == reader) scale_columns(at(w, model::hf_tensor_name(l, t)), gain);
+        if (reads_norm(t.role)) scale_columns(at(w, model::hf_tensor_name(l, t)), gain);
     }
     // Readers of the stream store W R^T; writers (and their biases) store R W.
     for (const model::TensorSpec& t : layer.tensors) {
       const std::string n = model::hf_tensor_name(l, t);
       const auto input = model::linear_input(t.role);
-      if (input == model::LinearInput::attn_in || input == model::LinearInput::ffn_in) rotate_rows(at(w, n), rot);
-      if (input == model::LinearInput::attn_out || input == model::LinearInput::ffn_mid) rotate_columns(at(w, n), rot);
+      if (input == model::LinearInput::attn_in || input == model::LinearInput::ffn_in ||
+          input == model::LinearInput::expert_in)
+        rotate_rows(at(w, n), rot);
+      if (input == model::LinearInput::attn_out || input == model::LinearInput::ffn_mid ||
+          input == model::LinearInput::expert_mid)
+        rotate_columns(at(w, n), rot);
       if (t.role == model::Role::o_bias || t.role == model::Role::down_bias) rotate_rows(at(w, n), rot);
     }
   }

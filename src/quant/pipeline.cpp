@@ -321,8 +321,8 @@ nlohmann::json allocate_bits(const QuantizeOptions& o, const BitsTarget& goal, m
     LayerHessians hessians;
     if (calibrator) hessians = calibrator->hessians(layer);
     for (const model::NamedTensor* t : tensors) {
-      const LinearInput input = layer_linear(model.desc, t->name)->input;
-      items.push_back(quantizer.measure(*t, calibrator ? &hessians.of(input) : nullptr));
+      const LayerLinear linear = *layer_linear(model.desc, t->name);
+      items.push_back(quantizer.measure(*t, calibrator ? hessians.for_linear(linear.input, linear.expert) : nullptr));
       progress.advance();
     }
     if (calibrator) calibrator->finish_layer(layer);
@@ -392,7 +392,7 @@ nlohmann::json QuantizeReport::to_json() const {
     tensors_json.push_back({{"name", t.name}, {"shape", t.shape}, {"codec", t.choice.codec}, {"method", t.method},
                             {"bits_per_weight", t.bits_per_weight}, {"bytes", t.bytes}, {"proxy_loss", t.loss},
                             {"rtn_proxy_loss", t.rtn_loss}, {"rtn_proxy_loss_sampled_rows", t.rtn_sampled_rows},
-                            {"guard_tripped", t.guard_tripped}});
+                            {"guard_tripped", t.guard_tripped}, {"calibration_rows", t.calibration_rows}});
   return {{"tensors", tensors_json},
           {"weights", weights},
           {"bytes", bytes},
@@ -459,11 +459,13 @@ QuantizeReport quantize(const QuantizeOptions& o) {
     for (const model::NamedTensor* t : tensors) {
       const LayerLinear linear = *layer_linear(model->desc, t->name);
       progress.set_note(t->name);
-      codec::EncodedTensor stored = quantizer.encode(*t, calibrator ? &hessians.of(linear.input) : nullptr);
+      codec::EncodedTensor stored =
+          quantizer.encode(*t, calibrator ? hessians.for_linear(linear.input, linear.expert) : nullptr);
       if (calibrator) {
+        report.tensors.back().calibration_rows = static_cast<int64_t>(hessians.rows(linear.input, linear.expert));
         const std::string& codec_id = report.tensors.back().choice.codec;
         calibrator->stored(t->name, codec_id, stored);
-        model->layers.at(static_cast<size_t>(layer)).linear_slot(linear.role) =
+        model->layers.at(static_cast<size_t>(layer)).linear_slot(linear.role, linear.expert) =
             kernels::prepare_cpu_owned(codec::codec_or_throw(codec_id, t->name), t->ref.shape, std::move(stored));
       }
       progress.advance();

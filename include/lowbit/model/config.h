@@ -58,6 +58,12 @@ struct ModelConfig {
   float attn_scale = 0.0f;           // scores = (q . k) * attn_scale; 0: 1 / sqrt(head_dim)
   float attn_softcap = 0.0f;         // scores = attn_softcap * tanh(scores / attn_softcap) when > 0 (gemma2)
   float final_softcap = 0.0f;        // the same on the logits (gemma2/3)
+  // Mixture-of-Experts MLPs (qwen3_moe, mixtral); n_experts 0: dense.
+  int64_t n_experts = 0;          // experts per MoE layer
+  int64_t n_experts_used = 0;     // top-k experts each token runs
+  int64_t expert_hidden_dim = 0;  // each expert's intermediate size (qwen3_moe: moe_intermediate_size)
+  bool norm_topk_prob = true;     // renormalise the top-k routing weights to sum 1
+  std::vector<int64_t> dense_layers;  // layers with a dense MLP (hidden_dim) in an MoE model, ascending
   std::vector<int32_t> eos_ids;  // from config.json / generation_config.json when given
   std::optional<int32_t> bos_id;
 

@@ -38,6 +38,9 @@ enum class Role : uint8_t {
   down, down_bias,            // [dim, hidden], [dim]
   up_bias,                    // [hidden] (plain GELU MLPs)
   post_ffn_norm,              // [dim]: a norm of the MLP output before the residual add (gemma2/3)
+  router,                     // [n_experts, dim]: the MoE router's logits
+  expert_gate, expert_up,     // [expert_hidden, dim] x2, one tensor per expert (TensorSpec::expert)
+  expert_down,                // [dim, expert_hidden], one per expert
   count
 };
 inline constexpr size_t kRoleCount = static_cast<size_t>(Role::count);
@@ -45,21 +48,28 @@ std::string_view role_name(Role r);
 
 // Which activation a linear reads. Linears reading the same one (q, k, v; gate, up) share a calibration Hessian,
 // and the norm in front of attn_in / ffn_in folds into them. nullopt for roles that are not linears.
-enum class LinearInput : uint8_t { attn_in, attn_out, ffn_in, ffn_mid };
+// Experts read only the rows routed to them: expert_in (gate, up) and expert_mid (down) are per expert, and no
+// norm folds into them (the ffn norm folds into the router and every expert alike; see quant/fold.cpp).
+enum class LinearInput : uint8_t { attn_in, attn_out, ffn_in, ffn_mid, expert_in, expert_mid };
 std::optional<LinearInput> linear_input(Role r);
 
 // The sizes a tensor shape is written in (resolved against a ModelConfig by dim_size).
-enum class Dim : uint8_t { none, dim, q_dim, kv_dim, qkv_dim, head_dim, hidden, gate_up_dim };
+enum class Dim : uint8_t { none, dim, q_dim, kv_dim, qkv_dim, head_dim, hidden, gate_up_dim, n_experts, expert_hidden };
 int64_t dim_size(Dim d, const ModelConfig& c);
 
 // One tensor of a layer: its role, its name in each format (relative to the layer's prefix: "model.layers.N." in
 // HF, MLX and lowbit artifacts, "blk.N." in GGUF) and its shape. cols == Dim::none: a vector [rows].
+// Expert tensors (expert >= 0) are one tensor per expert, as HF checkpoints store them, so that each expert is
+// its own linear for the kernels, the recipe and the allocator: `hf` holds "{}" where the expert index goes
+// ("mlp.experts.{}.gate_proj.weight"), and `gguf` names the merged [n_experts, rows, cols] tensor GGUF files
+// store ("ffn_gate_exps.weight"), which the GGUF loader slices into the experts.
 struct TensorSpec {
   Role role;
   std::string_view hf;    // e.g. "self_attn.q_proj.weight"
   std::string_view gguf;  // e.g. "attn_q.weight"
   Dim rows;
   Dim cols = Dim::none;
+  int32_t expert = -1;
   bool linear() const { return cols != Dim::none; }
 };
 
@@ -79,11 +89,13 @@ enum class Reg : uint8_t { x, h };
 //   norm:      h = norm(in)               with gain `weight` (and `bias` for NormKind::layer)
 //   attention: h = attention(h)           the layer's AttentionSpec; q/k/v/o (or qkv) and their biases/norms
 //   mlp:       h = mlp(h)                 the layer's Activation; gate/up/down (or gate_up)
+//   moe:       h = sum over the top-k experts e of weight_e * mlp_e(h), per row: the layer's MoeSpec routes
+//              (router logits h @ Wrouter^T), each expert a gated MLP of the layer's Activation
 //   add:       x = x + h
 // A Llama layer is {norm x attn_norm, attention, add, norm x ffn_norm, mlp, add}; a Gemma layer adds
 // {norm h post_attn_norm} before the first add and {norm h post_ffn_norm} before the second.
 struct Op {
-  enum class Kind : uint8_t { norm, attention, mlp, add } kind;
+  enum class Kind : uint8_t { norm, attention, mlp, add, moe } kind;
   Reg in = Reg::x;            // norm only
   Role weight = Role::count;  // norm only: the gain
   Role bias = Role::count;    // norm only, NormKind::layer: the bias (Role::count: none)
@@ -101,10 +113,20 @@ struct AttentionSpec {
   int64_t rope_dims = 0;
 };
 
+// The router of an MoE layer: p = softmax(router logits) over all n_experts (f32), the top_k largest p are the
+// token's experts (ties: the lower index), and their weights are those p, divided by their sum when renormalise
+// (qwen3_moe's norm_topk_prob; mixtral always, which equals a softmax over the top-k logits).
+struct MoeSpec {
+  int64_t n_experts = 0;
+  int64_t top_k = 0;
+  bool renormalise = true;
+};
+
 struct LayerDesc {
   std::vector<TensorSpec> tensors;  // exactly the tensors this layer holds; loaders refuse any other
   std::vector<Op> ops;
   AttentionSpec attention;
+  MoeSpec moe;  // layers with a moe op
   Activation activation = Activation::swiglu;
   NormKind norm = NormKind::rms;  // every norm op of the layer, q_norm and k_norm included
 

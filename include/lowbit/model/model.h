@@ -35,12 +35,24 @@ struct NamedTensor {
 
 // One layer's weights by role, as its LayerDesc lists them: linears prepared for the CPU kernels, vectors
 // (norm gains, biases) decoded to f32. A role the layer does not have is null / empty.
+// One expert of an MoE layer: a gated MLP [expert_hidden, dim] x2, [dim, expert_hidden].
+struct ExpertWeights {
+  std::unique_ptr<kernels::CpuLinear> gate, up, down;
+};
+
 struct LayerWeights {
   std::array<std::unique_ptr<kernels::CpuLinear>, kRoleCount> linears;
   std::array<std::vector<float>, kRoleCount> vectors;
+  std::vector<ExpertWeights> experts;  // [n_experts] in MoE layers, else empty
 
   kernels::CpuLinear* linear(Role r) const { return linears[static_cast<size_t>(r)].get(); }
   std::unique_ptr<kernels::CpuLinear>& linear_slot(Role r) { return linears[static_cast<size_t>(r)]; }
+  // The slot of a layer tensor's linear: an expert's (expert >= 0: expert_gate, expert_up, expert_down) or by role.
+  std::unique_ptr<kernels::CpuLinear>& linear_slot(Role r, int32_t expert) {
+    if (expert < 0) return linear_slot(r);
+    ExpertWeights& e = experts.at(static_cast<size_t>(expert));
+    return r == Role::expert_gate ? e.gate : r == Role::expert_up ? e.up : e.down;
+  }
   const std::vector<float>& vector(Role r) const { return vectors[static_cast<size_t>(r)]; }
 };
 

@@ -20,8 +20,18 @@ using model::LinearInput;
 
 struct LayerHessians {
   Hessian attn_in, attn_out, ffn_in, ffn_mid;
+  // Per expert of an MoE layer, from the rows routed to it only: the input of its gate and up, of its down.
+  std::vector<Hessian> expert_in, expert_mid;
   Hessian& of(LinearInput input);
+  // The Hessian of a layer linear: the one shared by its input, or its expert's own (expert >= 0). nullptr for an
+  // expert whose Hessian has fewer samples (routed tokens) than its width: such a Hessian is singular beyond what
+  // GPTQ's damping repairs, so that expert is rounded plainly (the report says "rtn" for its tensors).
+  Hessian* for_linear(LinearInput input, int32_t expert);
+  // The rows that Hessian was collected from (for an expert: the tokens routed to it).
+  uint64_t rows(LinearInput input, int32_t expert);
 };
+// Whether `input` is read by the linears of one expert only (expert_in, expert_mid).
+bool is_expert_input(LinearInput input);
 
 // A linear of a layer as the model's description names it: its layer, role and input ("model.layers.3.
 // mlp.down_proj.weight" in a llama -> 3, down, ffn_mid); nullopt for tensors outside the layers' linears.
@@ -29,6 +39,7 @@ struct LayerLinear {
   int64_t layer;
   model::Role role;
   LinearInput input;
+  int32_t expert = -1;  // the expert of an expert tensor
 };
 std::optional<LayerLinear> layer_linear(const model::ModelDesc& desc, std::string_view tensor_name);
 

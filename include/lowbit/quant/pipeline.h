@@ -45,6 +45,9 @@ struct TensorReport {
   double rtn_loss = 0;  // the same for plain rounding
   int64_t rtn_sampled_rows = 0;  // rtn_loss estimated from this many rows; 0: exact
   bool guard_tripped = false;
+  // Calibration rows (tokens) the tensor's Hessian was collected from; an expert's are the tokens routed to it,
+  // and fewer than its width leave it "rtn". -1: quantized without calibration.
+  int64_t calibration_rows = -1;
 };
 
 struct QuantizeReport {

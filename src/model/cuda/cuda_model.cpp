@@ -160,6 +160,7 @@ void check_layer(const LayerDesc& d, const ModelDesc& desc, const ModelConfig& c
   const auto runs = [&](Op::Kind kind) {
     return std::any_of(d.ops.begin(), d.ops.end(), [kind](const Op& o) { return o.kind == kind; });
   };
+  if (runs(Op::Kind::moe)) refuse("a Mixture-of-Experts block (no expert kernels on the GPU yet; run it on the CPU)");
   const bool attention = runs(Op::Kind::attention), mlp = runs(Op::Kind::mlp);
   const bool qkv = d.has(Role::qkv) || (d.has(Role::q) && d.has(Role::k) && d.has(Role::v));
   if (attention && (!qkv || !d.has(Role::o)))
@@ -501,6 +502,8 @@ struct CudaModel::Impl {
             flush_add();
             add_pending = true;
             break;
+          case Op::Kind::moe:  // check_layer refuses MoE layers before any step
+            fail(Errc::internal, "[cuda_model] a moe op reached the GPU step");
         }
       }
     }

@@ -1,6 +1,7 @@
 // Llama (1, 2, 3.x) and the many models that reuse its layout (SmolLM, TinyLlama, llama2.c checkpoints): RoPE
 // scaling (linear, llama3), optional attention bias, an optional explicit head_dim.
 #include "family/llama.h"
+#include "family/moe.h"
 
 #include <cmath>
 
@@ -35,8 +36,13 @@ void parse_hf(const nlohmann::json& hf, ModelConfig& c, std::string_view source)
 }
 
 // GGUF has no attention_bias key; a llama with biases carries them as tensors.
-void parse_gguf(const io::GgufFile& f, const std::string&, ModelConfig& c) {
+// llama.cpp's converter writes Mixtral under architecture "llama" with an expert count: that file is a mixtral.
+void parse_gguf(const io::GgufFile& f, const std::string& arch, ModelConfig& c) {
   c.qkv_bias = f.tensor(gguf_tensor_name(0, kQBias)) != nullptr;
+  if (f.get_uint(arch + ".expert_count").value_or(0) > 0) {
+    c.arch = "mixtral";
+    parse_mixtral_gguf(f, arch, c);
+  }
 }
 
 void write_hf(const ModelConfig&, nlohmann::json& hf) { hf["hidden_act"] = "silu"; }
