@@ -8,13 +8,14 @@
 
 #include "command.h"
 #include "lowbit/artifact/foreign.h"
+#include "lowbit/artifact/inspect.h"
 #include "lowbit/artifact/reader.h"
-#include "lowbit/core/checked.h"
 #include "lowbit/core/progress.h"
 
 namespace {
 
 using lowbit::artifact::Artifact;
+using lowbit::artifact::TensorSummary;
 using nlohmann::json;
 
 struct Options {
@@ -22,60 +23,6 @@ struct Options {
   bool json = false;
   bool no_verify_hash = false;
 };
-
-struct TensorRow {
-  std::string name, shape, codec, params;
-  uint64_t weights = 0, stored_bytes = 0;
-  double bits_per_weight = 0;
-};
-
-TensorRow tensor_row(const std::string& name, const lowbit::codec::TensorRef& ref) {
-  TensorRow r{name, lowbit::shape_str(ref.shape), std::string(ref.codec->id), ref.params.dump()};
-  r.weights = lowbit::checked_numel(ref.shape, name);
-  for (const auto& [role, view] : ref.arrays.items) r.stored_bytes += view.bytes.size();
-  r.bits_per_weight = lowbit::codec::bits_per_weight(*ref.codec, ref.params, ref.shape);
-  return r;
-}
-
-std::vector<TensorRow> tensor_rows(const Artifact& a) {
-  std::vector<TensorRow> rows;
-  for (const auto& t : a.manifest().tensors) rows.push_back(tensor_row(t.name, a.tensor(t.name)));
-  return rows;
-}
-
-double average_bits(uint64_t bytes, uint64_t weights) {
-  return weights == 0 ? 0.0 : 8.0 * static_cast<double>(bytes) / static_cast<double>(weights);
-}
-
-json as_json(const Artifact& a, const std::vector<TensorRow>& rows) {
-  const auto& m = a.manifest();
-  json tensors = json::array();
-  uint64_t weights = 0, stored = 0;
-  for (size_t i = 0; i < rows.size(); ++i) {
-    tensors.push_back({{"name", rows[i].name}, {"shape", m.tensors[i].shape}, {"codec", rows[i].codec},
-                       {"params", m.tensors[i].params}, {"bits_per_weight", rows[i].bits_per_weight},
-                       {"stored_bytes", rows[i].stored_bytes}});
-    weights += rows[i].weights;
-    stored += rows[i].stored_bytes;
-  }
-  const json doc = m.to_json();
-  json out = {{"format", doc["format"]},
-          {"version", m.version},
-          {"tensors", std::move(tensors)},
-          {"files", doc["files"]},
-          {"totals",
-           {{"tensors", rows.size()},
-            {"weights", weights},
-            {"stored_bytes", stored},
-            {"bits_per_weight", average_bits(stored, weights)},
-            {"artifact_bytes", a.total_bytes()}}},
-          {"config", m.config},
-          {"provenance", doc["provenance"]},
-          {"quality", a.quality()},
-          {"recipe", a.recipe()}};
-  if (!m.unverified.empty()) out["unverified"] = m.unverified;
-  return out;
-}
 
 // "key=value" for the config's scalar entries, at most `limit` of them.
 std::string config_summary(const json& config, size_t limit) {
@@ -90,9 +37,9 @@ std::string config_summary(const json& config, size_t limit) {
 }
 
 // The tensor table; returns the total stored bytes.
-uint64_t print_rows(const std::vector<TensorRow>& rows) {
+uint64_t print_rows(const std::vector<TensorSummary>& rows) {
   size_t name_width = 4, shape_width = 5, codec_width = 5;
-  for (const TensorRow& r : rows) {
+  for (const TensorSummary& r : rows) {
     name_width = std::max(name_width, r.name.size());
     shape_width = std::max(shape_width, r.shape.size());
     codec_width = std::max(codec_width, r.codec.size());
@@ -100,18 +47,18 @@ uint64_t print_rows(const std::vector<TensorRow>& rows) {
   fmt::print("{:<{}}  {:<{}}  {:<{}}  {:>7}  {}\n", "name", name_width, "shape", shape_width, "codec", codec_width,
              "bits/w", "params");
   uint64_t weights = 0, stored = 0;
-  for (const TensorRow& r : rows) {
+  for (const TensorSummary& r : rows) {
     fmt::print("{:<{}}  {:<{}}  {:<{}}  {:>7.3f}  {}\n", r.name, name_width, r.shape, shape_width, r.codec,
                codec_width, r.bits_per_weight, r.params);
     weights += r.weights;
     stored += r.stored_bytes;
   }
   fmt::print("\ntotal: {} tensors, {} weights, {} stored ({:.3f} bits/weight)", rows.size(), weights,
-             lowbit::human_bytes(stored), average_bits(stored, weights));
+             lowbit::human_bytes(stored), lowbit::artifact::average_bits(stored, weights));
   return stored;
 }
 
-void print_table(const Artifact& a, const std::vector<TensorRow>& rows) {
+void print_table(const Artifact& a, const std::vector<TensorSummary>& rows) {
   print_rows(rows);
   const auto& m = a.manifest();
   fmt::print(", artifact {} in {} files\n", lowbit::human_bytes(a.total_bytes()), m.files.size() + 1);
@@ -134,21 +81,9 @@ void print_table(const Artifact& a, const std::vector<TensorRow>& rows) {
 // A foreign format (audio8 bundle, Phonon directory), opened with every check of its own loader.
 void inspect_foreign(const lowbit::artifact::ForeignFormat& format, const Options& o) {
   const auto model = format.open(o.artifact, {.verify_hash = !o.no_verify_hash});
-  std::vector<TensorRow> rows;
-  for (const auto& [name, ref] : model.tensors) rows.push_back(tensor_row(name, ref));
+  const auto rows = lowbit::artifact::summarize_tensors(model);
   if (o.json) {
-    json tensors = json::array();
-    for (size_t i = 0; i < rows.size(); ++i)
-      tensors.push_back({{"name", rows[i].name}, {"shape", model.tensors[i].second.shape}, {"codec", rows[i].codec},
-                         {"params", model.tensors[i].second.params}, {"bits_per_weight", rows[i].bits_per_weight},
-                         {"stored_bytes", rows[i].stored_bytes}});
-    fmt::print("{}\n", json{{"format", model.format},
-                            {"tensors", std::move(tensors)},
-                            {"aliases", model.aliases},
-                            {"unsupported", model.unsupported},
-                            {"config", model.config},
-                            {"provenance", model.recipe}}
-                           .dump(2));
+    fmt::print("{}\n", lowbit::artifact::inspect_json(model, rows).dump(2));
     return;
   }
   print_rows(rows);
@@ -163,9 +98,9 @@ void run(const Options& o) {
   lowbit::artifact::ReadOptions options;
   options.verify_hash = !o.no_verify_hash;
   const Artifact a = Artifact::open(o.artifact, options);
-  const auto rows = tensor_rows(a);
+  const auto rows = lowbit::artifact::summarize_tensors(a);
   if (o.json)
-    fmt::print("{}\n", as_json(a, rows).dump(2));
+    fmt::print("{}\n", lowbit::artifact::inspect_json(a, rows).dump(2));
   else
     print_table(a, rows);
 }

@@ -86,6 +86,8 @@ class ChatSession {
  public:
   ChatSession(const Model& model, const Tokenizer& tokenizer, ChatTemplate tmpl, int64_t context,
               SamplerOptions sampler, std::optional<std::string> system);
+  // Adds an earlier turn of the conversation (any role) without generating; the next reply() prefills it.
+  void add_message(ChatMessage message) { messages_.push_back(std::move(message)); }
   // Adds a user message, streams the reply through `emit` (whole UTF-8 characters), returns the statistics.
   // Stops at an end-of-turn token or after max_tokens. Errc::limit when the context is full.
   GenerateStats reply(const std::string& user_message, int64_t max_tokens, ThreadPool& pool,
