@@ -9,6 +9,8 @@ n = 2, unknown model, prompt too long, response_format json_object), a malformed
 concurrent streaming clients, 64 greedy requests, each equal to the same request alone) and SIGTERM.
 
 usage: serve_openai_test.py LOWBIT_BINARY SHARED_DIR CACHE_DIR
+LOWBIT_TEST_DEVICE=cuda runs the server (and the `lowbit generate` it is compared with) on the GPU: the device
+machine's load test.
 """
 import concurrent.futures
 import http.client
@@ -28,6 +30,7 @@ import unittest
 OPENAI = "openai==1.109.1"
 SKIP = 77
 KEY = "sk-lowbit-test"
+DEVICE = ["--device", os.environ.get("LOWBIT_TEST_DEVICE", "cpu")]
 # ChatML, refusing one message text the way real templates refuse conversations they cannot render.
 CHATML = ("{% for m in messages %}{% if m['content'] == 'RAISE' %}{{ raise_exception('no RAISE here') }}{% endif %}"
           "{{'<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n'}}"
@@ -111,7 +114,7 @@ class ServeTest(unittest.TestCase):
         cls.template.write(CHATML)
         cls.template.close()
         cls.server = Server(cls.lowbit, cls.model_dir, cls.template.name, "--parallel", "4", "--ctx", "512",
-                            "--api-key", KEY, "--max-connections", "48", "--max-body", "65536")
+                            "--api-key", KEY, "--max-connections", "48", "--max-body", "65536", *DEVICE)
         cls.client = cls.openai.OpenAI(base_url=cls.server.url(), api_key=KEY, max_retries=0, timeout=120)
 
     @classmethod
@@ -160,7 +163,7 @@ class ServeTest(unittest.TestCase):
         # generate echoes the prompt, runs the prompt's pass plus -n steps (n + 1 tokens) and ends with a newline.
         out = subprocess.run([self.lowbit, "generate", str(self.model_dir / "stories260K.bin"), "--tokenizer",
                               str(self.model_dir / "tok512.bin"), "-p", prompt, "-n", "19", "--temp", "0",
-                              "--threads", "1"], capture_output=True, text=True, check=True).stdout
+                              "--threads", "1", *DEVICE], capture_output=True, text=True, check=True).stdout
         self.assertEqual(prompt + r.choices[0].text + "\n", out)
 
     def test_completion_stream_and_logprobs(self):
