@@ -129,11 +129,13 @@ SyntheticModel synthetic_model(std::string_view shape, std::string_view codec_na
   // (experts keep their own gate and up, which the GPU runtime stacks per expert at load).
   out.desc = describe_model(c, "synthetic");
   for (LayerDesc& d : out.desc.layers) {
+    const bool dense_mlp = d.has(Role::gate);  // MoE layers have experts instead
     std::erase_if(d.tensors, [](const TensorSpec& t) {
       return t.role == Role::q || t.role == Role::k || t.role == Role::v || t.role == Role::gate || t.role == Role::up;
     });
     d.tensors.push_back({Role::qkv, "self_attn.qkv_proj.weight", "attn_qkv.weight", Dim::qkv_dim, Dim::dim});
-    d.tensors.push_back({Role::gate_up, "mlp.gate_up_proj.weight", "ffn_up.weight", Dim::gate_up_dim, Dim::dim});
+    if (dense_mlp)
+      d.tensors.push_back({Role::gate_up, "mlp.gate_up_proj.weight", "ffn_up.weight", Dim::gate_up_dim, Dim::dim});
   }
   // One layer's random tensors (each expert its own), viewed by every layer.
   std::map<std::pair<Role, int32_t>, codec::TensorRef> layer;
