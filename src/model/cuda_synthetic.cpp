@@ -1,6 +1,6 @@
 // Synthetic Llama-3-8B- and Qwen3-30B-A3B-shaped weights for GPU decode benchmarks (cuda_model.h): random stored
-// arrays generated directly in each codec's layout, so that no encoder ever runs on 8B or 30B weights. Speed does not depend on the
-// values; the arrays are still random (not zeros, which can run faster than real data).
+// arrays generated directly in each codec's layout, so that no encoder ever runs on 8B or 30B weights. Speed does not
+// depend on the values; the arrays are still random (not zeros, which can run faster than real data).
 
 #include <cstring>
 #include <deque>
@@ -142,9 +142,8 @@ SyntheticModel synthetic_model(std::string_view shape, std::string_view codec_na
   uint64_t tensor_seed = seed + 200;
   for (const TensorSpec& t : out.desc.layers.front().tensors) {
     const int64_t rows = dim_size(t.rows, c);
-    layer[{t.role, t.expert}] = t.linear()
-                                    ? random_tensor(*s, linear, params, {rows, dim_size(t.cols, c)}, tensor_seed += 100)
-                                    : ones(rows);
+    layer[{t.role, t.expert}] =
+        t.linear() ? random_tensor(*s, linear, params, {rows, dim_size(t.cols, c)}, tensor_seed += 100) : ones(rows);
   }
   for (int64_t l = 0; l < c.n_layers; ++l)
     for (const TensorSpec& t : out.desc.layers[static_cast<size_t>(l)].tensors)

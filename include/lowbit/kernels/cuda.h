@@ -82,12 +82,14 @@ class CudaLinear {
 class CudaExperts {
  public:
   // Device arrays of up to max_groups groups: group z multiplies rows start[z] .. start[z] + count[z] - 1 of x
-  // [.., cols] by expert[z]'s weight into the same rows of y [.., rows]; count[z] == 0: no group.
+  // [.., cols] by expert[z]'s weight into the same rows of y [.., rows]; count[z] == 0: no group. With x_rows,
+  // row i of the groups reads x row x_rows[i] instead (a gather folded into the matmul).
   struct Groups {
     const int32_t* expert = nullptr;
     const int32_t* start = nullptr;
     const int32_t* count = nullptr;
     int max_groups = 0;
+    const int32_t* x_rows = nullptr;
   };
   // Errc::unsupported when the experts' layout has no grouped kernel (e.g. trellis, affine 3/5/6) or when their
   // shapes or layouts differ; `what` names them in the message.

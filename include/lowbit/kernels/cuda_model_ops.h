@@ -129,10 +129,10 @@ void launch_activation(ActType type, const float* gate, const float* up, const f
 // round trip. For `batch` rows of router logits [batch, n_experts]: p = softmax over all experts (f32), the top_k
 // largest p (ties: the lower index, as the CPU interpreter and torch.topk), weights p, or p divided by the sum of
 // the chosen p when `renormalise`. The batch * top_k (row, expert) pairs are numbered in (expert, row) order;
-// pair i is row pair_row[i]; the pairs of one expert form a group (groups in expert order: group_expert,
-// group_start = its first pair, group_count = its pairs, one per row that chose it; groups past the last have
-// count 0). slot[b * top_k + j] and weight[b * top_k + j] are row b's pairs and weights in expert order (the
-// order the CPU adds the experts' outputs in).
+// pair i is row pair_row[i] (the grouped gate/up matmul reads its input rows through it); the pairs of one expert
+// form a group (groups in expert order: group_expert, group_start = its first pair, group_count = its pairs, one
+// per row that chose it; groups past the last have count 0). slot[b * top_k + j] and weight[b * top_k + j] are
+// row b's pairs and weights in expert order (the order the CPU adds the experts' outputs in).
 inline constexpr int kMoeMaxTopK = 64;       // pairs of a step: at most kMaxBatch * kMoeMaxTopK
 inline constexpr int kMoeMaxExperts = 4096;  // the router's chosen-set bit masks live in shared memory
 inline constexpr int kMoeMaxRows = 16;       // one warp per row
@@ -147,11 +147,8 @@ struct MoeRoute {
 
 // Routes `batch` (1..kMoeMaxRows) rows of logits, n_experts (1..kMoeMaxExperts), top_k (1..min(n_experts,
 // kMoeMaxTopK)): one block.
-void launch_moe_route(const float* logits, int n_experts, int top_k, bool renormalise, int batch,
-                      const MoeRoute& route, CUstream_st* stream);
-
-// xg [pairs, dim]: row i = x [pair_row[i]] (the experts' inputs, grouped).
-void launch_moe_gather(const float* x, int64_t dim, const MoeRoute& route, int pairs, float* xg, CUstream_st* stream);
+void launch_moe_route(const float* logits, int n_experts, int top_k, bool renormalise, int batch, const MoeRoute& route,
+                      CUstream_st* stream);
 
 // out [batch, dim]: row b = sum over j < top_k of weight[b * top_k + j] * y [slot[b * top_k + j]] (the experts'
 // outputs, weighted, added in expert order).

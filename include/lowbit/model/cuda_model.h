@@ -41,7 +41,7 @@ enum StepPart : unsigned {
   kPartNorm = 1,       // embedding gather and the norms (with the residual adds)
   kPartRope = 2,       // bias, q/k norm, RoPE and KV-cache append
   kPartAttention = 4,  // the attention kernel (and the o bias)
-  kPartSwiglu = 8,     // the MLP activation (and the down bias); in MoE layers also the route, gather and weighted sum
+  kPartSwiglu = 8,     // the MLP activation (and the down bias); in MoE layers also the route and weighted sum
   kPartsAll = 15,      // every part but the matmuls
 };
 

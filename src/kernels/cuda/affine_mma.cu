@@ -89,10 +89,12 @@ template <int B, int W, bool G>
 __global__ void __launch_bounds__(kBlockThreads)
     affine_mma_kernel(MmaArgs a, ExpertGroups groups, const float* __restrict__ x, int m, float* __restrict__ y) {
   using C = Config<B, W>;
+  const int32_t* x_rows = nullptr;
   if constexpr (G) {
     const BlockGroup bg = group_of_block(groups);
     if (bg.count == 0) return;
-    x += bg.start * a.cols;
+    x_rows = bg.x_rows;
+    if (!x_rows) x += bg.start * a.cols;
     y += bg.start * a.rows;
     m = bg.count;
     a.codes = static_cast<const uint4*>(bg.w.codes);
@@ -147,13 +149,13 @@ __global__ void __launch_bounds__(kBlockThreads)
           const int row = c / (KC / 4), col = 4 * (c % (KC / 4));
           const int64_t left = a.cols - (k0 + col);
           const int bytes = left >= 4 ? 16 : left > 0 ? static_cast<int>(4 * left) : 0;
-          cp_async16(xdst + row * KC + col, bytes > 0 ? x + row * a.cols + k0 + col : x, bytes);
+          cp_async16(xdst + row * KC + col, bytes > 0 ? group_x_row(x, x_rows, row, a.cols) + k0 + col : x, bytes);
         }
       } else {
         for (int c = threadIdx.x; c < xrows * KC; c += kBlockThreads) {
           const int row = c / KC, col = c % KC;
           const bool in = k0 + col < a.cols;
-          cp_async4(xdst + row * KC + col, in ? x + row * a.cols + k0 + col : x, in ? 4 : 0);
+          cp_async4(xdst + row * KC + col, in ? group_x_row(x, x_rows, row, a.cols) + k0 + col : x, in ? 4 : 0);
         }
       }
     }

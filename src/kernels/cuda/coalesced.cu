@@ -39,10 +39,12 @@ template <int B, int M, bool G>
 __global__ void __launch_bounds__(kThreads, min_blocks<M>())
     coalesced_kernel(CoalescedArgs a, ExpertGroups groups, int64_t rows, int64_t cols, const float* __restrict__ x,
                      int m, float* __restrict__ y) {
+  const int32_t* x_rows = nullptr;
   if constexpr (G) {
     const BlockGroup bg = group_of_block(groups);
     if (bg.count == 0) return;
-    x += bg.start * cols;
+    x_rows = bg.x_rows;
+    if (!x_rows) x += bg.start * cols;
     y += bg.start * rows;
     m = bg.count;
     a.codes = static_cast<const uint4*>(bg.w.codes);
@@ -58,7 +60,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks<M>())
   const bool aligned = cols % 4 == 0;
   const float* xr[M];
 #pragma unroll
-  for (int i = 0; i < M; ++i) xr[i] = x + (i < m ? i : 0) * cols;
+  for (int i = 0; i < M; ++i) xr[i] = group_x_row(x, x_rows, i < m ? i : 0, cols);
   int64_t row[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) row[r] = min(row0 + r, rows - 1);
@@ -134,8 +136,8 @@ __global__ void __launch_bounds__(kThreads, min_blocks<M>())
 }
 
 template <int B, int M, bool G>
-void launch_cm(const CoalescedArgs& a, const ExpertGroups& g, int64_t rows, int64_t cols, const float* x, int m, float* y,
-               CUstream_st* s) {
+void launch_cm(const CoalescedArgs& a, const ExpertGroups& g, int64_t rows, int64_t cols, const float* x, int m,
+               float* y, CUstream_st* s) {
   constexpr int R = coalesced_rows<M>();
   const int64_t blocks = (rows + kWarps * R - 1) / (kWarps * R);
   const dim3 grid(static_cast<unsigned>(blocks), 1, G ? static_cast<unsigned>(g.max_groups) : 1);

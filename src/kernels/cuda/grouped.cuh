@@ -13,12 +13,20 @@ struct BlockGroup {
   ExpertArrays w;
   int64_t start;
   int count;
+  const int32_t* x_rows;  // the group's x row indices (ExpertGroups::x_rows from start on), or null
 };
 __device__ __forceinline__ BlockGroup group_of_block(const ExpertGroups& g) {
   const int z = static_cast<int>(blockIdx.z);
   const int count = g.count[z];
-  if (count <= 0) return {{}, 0, 0};
-  return {g.experts[g.expert[z]], g.start[z], count};
+  if (count <= 0) return {{}, 0, 0, nullptr};
+  const int start = g.start[z];
+  return {g.experts[g.expert[z]], start, count, g.x_rows ? g.x_rows + start : nullptr};
+}
+
+// Row i of the block's x: x + i cols (x already at the group's first row), or row x_rows[i] of x when the launch
+// gathers. Plain launches keep x_rows a constant null, so their code is unchanged.
+__device__ __forceinline__ const float* group_x_row(const float* x, const int32_t* x_rows, int i, int64_t cols) {
+  return x_rows ? x + static_cast<int64_t>(x_rows[i]) * cols : x + i * cols;
 }
 
 }  // namespace lowbit::kernels::cuda

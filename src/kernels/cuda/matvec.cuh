@@ -230,10 +230,12 @@ __global__ void __launch_bounds__(kThreads, min_blocks<M>())
     matvec_kernel(typename P::Args a, ExpertGroups groups, int64_t rows, int64_t cols, const float* __restrict__ x,
                   int m, float* __restrict__ y) {
   constexpr int R = rows_per_warp<P, M>();
+  const int32_t* x_rows = nullptr;
   if constexpr (G) {
     const BlockGroup bg = group_of_block(groups);
     if (bg.count == 0) return;
-    x += bg.start * cols;
+    x_rows = bg.x_rows;
+    if (!x_rows) x += bg.start * cols;
     y += bg.start * rows;
     m = bg.count;
     P::point_at(a, bg.w);
@@ -245,7 +247,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks<M>())
   const bool aligned = cols % 4 == 0;
   const float* xr[M];
 #pragma unroll
-  for (int i = 0; i < M; ++i) xr[i] = x + (i < m ? i : 0) * cols;
+  for (int i = 0; i < M; ++i) xr[i] = group_x_row(x, x_rows, i < m ? i : 0, cols);
 
   float acc[R][M];
 #pragma unroll

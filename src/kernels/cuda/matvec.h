@@ -127,6 +127,9 @@ struct ExpertGroups {
   const int32_t* expert = nullptr;        // [max_groups], device: the group's expert
   const int32_t* start = nullptr;         // [max_groups], device: its first row in x and y
   const int32_t* count = nullptr;         // [max_groups], device: its rows, 0..kMaxBatch (0: no group)
+  // Null: group rows are rows start.. of x. Else row i of the group reads x row x_rows[start + i] (the launch
+  // gathers the rows of its groups itself, so no gathered copy of x is written first).
+  const int32_t* x_rows = nullptr;
   int max_groups = 0;
 };
 

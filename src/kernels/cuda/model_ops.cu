@@ -614,12 +614,6 @@ __global__ void __launch_bounds__(kMoeRouteThreads)
   for (int z = groups + threadIdx.x; z < pairs; z += kMoeRouteThreads) r.group_count[z] = 0;
 }
 
-__global__ void moe_gather_kernel(const float* x, int64_t dim, const int32_t* pair_row, float* xg) {
-  const float* src = x + static_cast<int64_t>(pair_row[blockIdx.x]) * dim;
-  float* dst = xg + static_cast<int64_t>(blockIdx.x) * dim;
-  for (int64_t d = threadIdx.x; d < dim; d += blockDim.x) dst[d] = src[d];
-}
-
 __global__ void moe_combine_kernel(const float* y, int64_t dim, const int32_t* slot, const float* weight, int top_k,
                                    float* out) {
   const int b = blockIdx.x;
@@ -826,10 +820,6 @@ void launch_activation(ActType type, const float* gate, const float* up, const f
 void launch_moe_route(const float* logits, int n_experts, int top_k, bool renormalise, int batch,
                       const MoeRoute& route, CUstream_st* stream) {
   moe_route_kernel<<<1, kMoeRouteThreads, 0, stream>>>(logits, n_experts, top_k, renormalise, batch, route);
-}
-
-void launch_moe_gather(const float* x, int64_t dim, const MoeRoute& route, int pairs, float* xg, CUstream_st* stream) {
-  moe_gather_kernel<<<pairs, block_for(dim) > 256 ? 256 : block_for(dim), 0, stream>>>(x, dim, route.pair_row, xg);
 }
 
 void launch_moe_combine(const float* y, int64_t dim, const MoeRoute& route, int batch, int top_k, float* out,

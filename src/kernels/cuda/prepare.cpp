@@ -615,12 +615,16 @@ CudaExperts::CudaExperts(std::vector<std::unique_ptr<CudaLinear>> experts, std::
     const auto* groupable = dynamic_cast<const GroupableLinear*>(experts[e].get());
     const std::optional<ExpertLayout> l = groupable ? groupable->expert_layout() : std::nullopt;
     if (!l)
-      fail(Errc::unsupported, "[prepare_cuda] {}: this codec's layout has no grouped expert kernel on the GPU yet "
-           "(dense and affine 2/4/8 bits have)", what);
+      fail(Errc::unsupported,
+           "[prepare_cuda] {}: this codec's layout has no grouped expert kernel on the GPU yet "
+           "(dense and affine 2/4/8 bits have)",
+           what);
     if (e == 0) impl_->layout = *l;
     if (!same_layout(impl_->layout, *l))
-      fail(Errc::unsupported, "[prepare_cuda] {}: expert {} is stored unlike expert 0 (the grouped kernels take one "
-           "layout per role)", what, e);
+      fail(Errc::unsupported,
+           "[prepare_cuda] {}: expert {} is stored unlike expert 0 (the grouped kernels take one "
+           "layout per role)",
+           what, e);
     table.push_back(expert_arrays(*l));
   }
   impl_->experts = std::move(experts);
@@ -635,7 +639,7 @@ int64_t CudaExperts::cols() const { return impl_->experts.front()->cols(); }
 const CudaLinear& CudaExperts::expert(int64_t e) const { return *impl_->experts.at(static_cast<size_t>(e)); }
 
 void CudaExperts::grouped_matmul(const float* x, const Groups& g, int batch, float* y, Stream s) const {
-  const ExpertGroups groups{impl_->table.as<const ExpertArrays>(), g.expert, g.start, g.count, g.max_groups};
+  const ExpertGroups groups{impl_->table.as<const ExpertArrays>(), g.expert, g.start, g.count, g.x_rows, g.max_groups};
   cuda::grouped_matmul(impl_->layout, groups, x, batch, y, s);
 }
 

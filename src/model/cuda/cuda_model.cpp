@@ -222,13 +222,16 @@ void load_experts(Layer& w, const Ref& ref, const LayerDesc& d, int64_t l) {
     codec_id = parts[0]->codec->id;
     std::unique_ptr<kc::CudaLinear> stack = stacked(parts, names);
     if (!stack)
-      fail(Errc::unsupported, "[cuda_model] layer {}: experts in codec '{}' have no grouped GPU kernel yet (dense and "
-           "affine 2/4/8 bits have)", l, codec_id);
+      fail(Errc::unsupported,
+           "[cuda_model] layer {}: experts in codec '{}' have no grouped GPU kernel yet (dense and "
+           "affine 2/4/8 bits have)",
+           l, codec_id);
     gate_up.push_back(std::move(stack));
     downs.push_back(prepare(ref(*down[e]), hf_tensor_name(l, *down[e])));
   }
   try {
-    w.expert_gate_up = std::make_unique<kc::CudaExperts>(std::move(gate_up), fmt::format("layer {} experts' gate/up", l));
+    w.expert_gate_up =
+        std::make_unique<kc::CudaExperts>(std::move(gate_up), fmt::format("layer {} experts' gate/up", l));
     w.expert_down = std::make_unique<kc::CudaExperts>(std::move(downs), fmt::format("layer {} experts' down", l));
   } catch (const Error& e) {
     fail(e.code(), "[cuda_model] experts in codec '{}': {}", codec_id, e.what());
@@ -305,10 +308,10 @@ struct CudaModel::Impl {
   int64_t row_capacity = 0;
   kc::DeviceBuffer x, xb, qkv, att, proj, gu, hb, logits, tokens, pos, slot, next;
   // MoE layers, for up to kMaxBatch rows at a time (prefill passes run them in chunks of that many): router logits
-  // [rows, n_experts]; per (row, expert) pair the gathered input [pairs, dim], the experts' gate/up [pairs, 2
-  // expert_hidden], activation [pairs, expert_hidden] and output [pairs, dim]; the route (cuda_model_ops.h).
+  // [rows, n_experts]; per (row, expert) pair the experts' gate/up [pairs, 2 expert_hidden], activation [pairs,
+  // expert_hidden] and output [pairs, dim]; the route (cuda_model_ops.h).
   int64_t moe_top_k = 0;  // the largest top_k of the layers (0: no MoE layer)
-  kc::DeviceBuffer moe_logits, moe_x, moe_gu, moe_h, moe_y;
+  kc::DeviceBuffer moe_logits, moe_gu, moe_h, moe_y;
   kc::DeviceBuffer route_pair_row, route_slot, route_weight, route_group_expert, route_group_start, route_group_count;
   // The decode attention's and the argmax's split scratch, for max_batch rows (decode steps only).
   kc::DeviceBuffer attention_partials, attention_counters;
@@ -385,25 +388,25 @@ struct CudaModel::Impl {
                                           "[cuda_model] expert activations"));
     };
     moe_logits = floats(rows, n_experts);
-    moe_x = floats(pairs, c.dim);
     moe_gu = floats(pairs, 2 * c.expert_hidden_dim);
     moe_h = floats(pairs, c.expert_hidden_dim);
     moe_y = floats(pairs, c.dim);
-    for (auto* b : {&route_pair_row, &route_slot, &route_weight, &route_group_expert, &route_group_start,
-                    &route_group_count}) {
+    for (auto* b :
+         {&route_pair_row, &route_slot, &route_weight, &route_group_expert, &route_group_start, &route_group_count}) {
       *b = kc::DeviceBuffer(static_cast<size_t>(pairs) * sizeof(int32_t));
       b->fill(0);  // count 0: no group, until the first route (a timing run may leave the router out)
     }
   }
 
   kc::MoeRoute route() const {
-    return {i(route_pair_row), i(route_slot), f(route_weight), i(route_group_expert), i(route_group_start),
-            i(route_group_count)};
+    return {i(route_pair_row),     i(route_slot),        f(route_weight),
+            i(route_group_expert), i(route_group_start), i(route_group_count)};
   }
 
   // out = moe(in) for `rows` rows, in chunks of up to kMaxBatch rows (a prefill pass runs its rows through the decode
   // kernels this way): the router matmul, the device route, the chosen experts' gate/up as one grouped matmul over
-  // the (row, expert) pairs, the activation, their down projections grouped alike, and the weighted sum per row.
+  // the (row, expert) pairs (reading each pair's row of `in` through the route's pair_row), the activation, their
+  // down projections grouped alike, and the weighted sum per row.
   void moe(const Layer& w, const float* in, float* out, int64_t rows) {
     const MoeSpec& spec = w.desc->moe;
     const int64_t ih = c.expert_hidden_dim;
@@ -414,13 +417,14 @@ struct CudaModel::Impl {
       const int n = static_cast<int>(std::min<int64_t>(kc::kMaxBatch, rows - r0)), pairs = n * k;
       const float* x_rows = in + r0 * c.dim;
       w.linear(Role::router)->matmul(x_rows, n, f(moe_logits), stream);
-      if (on(kPartSwiglu)) {
+      if (on(kPartSwiglu))
         kc::launch_moe_route(f(moe_logits), static_cast<int>(spec.n_experts), k, spec.renormalise, n, r, stream);
-        kc::launch_moe_gather(x_rows, c.dim, r, pairs, f(moe_x), stream);
-      }
       const kc::CudaExperts::Groups groups{r.group_expert, r.group_start, r.group_count, pairs};
-      w.expert_gate_up->grouped_matmul(f(moe_x), groups, n, f(moe_gu), stream);
-      if (on(kPartSwiglu)) kc::launch_activation(act, f(moe_gu), f(moe_gu) + ih, nullptr, 2 * ih, f(moe_h), pairs, ih, stream);
+      kc::CudaExperts::Groups gathered = groups;
+      gathered.x_rows = r.pair_row;
+      w.expert_gate_up->grouped_matmul(x_rows, gathered, n, f(moe_gu), stream);
+      if (on(kPartSwiglu))
+        kc::launch_activation(act, f(moe_gu), f(moe_gu) + ih, nullptr, 2 * ih, f(moe_h), pairs, ih, stream);
       w.expert_down->grouped_matmul(f(moe_h), groups, n, f(moe_y), stream);
       if (on(kPartSwiglu)) kc::launch_moe_combine(f(moe_y), c.dim, r, n, k, out + r0 * c.dim, stream);
     }
