@@ -415,14 +415,14 @@ struct CudaModel::Impl {
     const kc::MoeRoute r = route();
     for (int64_t r0 = 0; r0 < rows; r0 += kc::kMaxBatch) {
       const int n = static_cast<int>(std::min<int64_t>(kc::kMaxBatch, rows - r0)), pairs = n * k;
-      const float* x_rows = in + r0 * c.dim;
-      w.linear(Role::router)->matmul(x_rows, n, f(moe_logits), stream);
+      const float* chunk = in + r0 * c.dim;
+      w.linear(Role::router)->matmul(chunk, n, f(moe_logits), stream);
       if (on(kPartSwiglu))
         kc::launch_moe_route(f(moe_logits), static_cast<int>(spec.n_experts), k, spec.renormalise, n, r, stream);
       const kc::CudaExperts::Groups groups{r.group_expert, r.group_start, r.group_count, pairs};
       kc::CudaExperts::Groups gathered = groups;
       gathered.x_rows = r.pair_row;
-      w.expert_gate_up->grouped_matmul(x_rows, gathered, n, f(moe_gu), stream);
+      w.expert_gate_up->grouped_matmul(chunk, gathered, n, f(moe_gu), stream);
       if (on(kPartSwiglu))
         kc::launch_activation(act, f(moe_gu), f(moe_gu) + ih, nullptr, 2 * ih, f(moe_h), pairs, ih, stream);
       w.expert_down->grouped_matmul(f(moe_h), groups, n, f(moe_y), stream);
