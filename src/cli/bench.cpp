@@ -1,5 +1,6 @@
 // lowbit bench: prefill and decode tokens per second of a model on the CPU or the GPU, or of a synthetic
-// Llama-3-8B-shaped model on the GPU (random stored arrays per codec, never encoded). Table or --json on stdout.
+// Llama-3-8B- or Qwen3-30B-A3B-shaped model on the GPU (random stored arrays per codec, never encoded). Table or
+// --json on stdout.
 #include <chrono>
 #include <cstdio>
 #include <optional>
@@ -152,10 +153,10 @@ void run(const Args& a) {
 
 void setup(CLI::App& root) {
   auto args = std::make_shared<Args>();
-  auto* cmd = root.add_subcommand("bench", "Prefill and decode tokens/s of a model, or of a synthetic 8B on the GPU");
+  auto* cmd = root.add_subcommand("bench", "Prefill and decode tokens/s of a model, or of a synthetic shape on the GPU");
   cmd->add_option("model", args->model, "Model: llama2.c .bin, HF directory, lowbit artifact, GGUF");
   cmd->add_option("--device", args->device, "cpu or cuda")->capture_default_str();
-  cmd->add_option("--synthetic", args->synthetic, "Synthetic shape instead of a model: llama3-8b (GPU only)");
+  cmd->add_option("--synthetic", args->synthetic, "Synthetic shape instead of a model: llama3-8b or qwen3-30b-a3b (GPU only)");
   cmd->add_option("--codec", args->codecs, "Synthetic codecs: bf16, affine4, trellis2, trellis3 (comma list)")
       ->delimiter(',');
   cmd->add_option("--layers", args->layers, "Synthetic depth (default: the shape's)");

@@ -1,6 +1,6 @@
-// Synthetic Llama-3-8B-shaped weights for GPU decode benchmarks (cuda_model.h): random stored arrays generated
-// directly in each codec's layout, so that no encoder ever runs on 8B weights. Speed does not depend on the
-// values; the arrays are still random (not zeros, which can run faster than real data).
+// Synthetic Llama-3-8B- and Qwen3-30B-A3B-shaped weights for GPU decode benchmarks (cuda_model.h): random stored
+// arrays generated directly in each codec's layout, so that no encoder ever runs on 8B or 30B weights. Speed does not
+// depend on the values; the arrays are still random (not zeros, which can run faster than real data).
 
 #include <cstring>
 #include <deque>
@@ -84,12 +84,35 @@ ModelConfig llama3_8b(int64_t layers) {
   return c;
 }
 
+// Qwen3-30B-A3B's config.json: 48 layers of 128 experts of 768, top 8 renormalised, 32 / 4 heads of 128, q/k norms.
+ModelConfig qwen3_30b_a3b(int64_t layers) {
+  ModelConfig c;
+  c.arch = "qwen3_moe";
+  c.dim = 2048;
+  c.n_layers = layers > 0 ? layers : 48;
+  c.n_heads = 32;
+  c.n_kv_heads = 4;
+  c.head_dim = 128;
+  c.hidden_dim = 6144;  // intermediate_size: dense MLP layers only (this model has none)
+  c.n_experts = 128;
+  c.n_experts_used = 8;
+  c.expert_hidden_dim = 768;
+  c.norm_topk_prob = true;
+  c.vocab = 151936;
+  c.max_seq = 40960;
+  c.rope_theta = 1000000.0;
+  c.norm_eps = 1e-6f;
+  validate_config(c, "synthetic qwen3-30b-a3b");
+  return c;
+}
+
 }  // namespace
 
 SyntheticModel synthetic_model(std::string_view shape, std::string_view codec_name, uint64_t seed, int64_t layers) {
-  if (shape != "llama3-8b") fail(Errc::usage, "[synthetic] shape '{}': expected llama3-8b", shape);
+  if (shape != "llama3-8b" && shape != "qwen3-30b-a3b")
+    fail(Errc::usage, "[synthetic] shape '{}': expected llama3-8b or qwen3-30b-a3b", shape);
   SyntheticModel out;
-  out.config = llama3_8b(layers);
+  out.config = shape == "llama3-8b" ? llama3_8b(layers) : qwen3_30b_a3b(layers);
   const ModelConfig& c = out.config;
   auto s = std::make_shared<Storage>();
   const auto [id, params] = codec_of(codec_name);
@@ -102,26 +125,29 @@ SyntheticModel synthetic_model(std::string_view shape, std::string_view codec_na
   s->refs[std::string(kEmbedTensor)] = random_tensor(*s, dense, {{"dtype", "bf16"}}, {c.vocab, c.dim}, seed);
   s->refs[std::string(kLmHeadTensor)] = random_tensor(*s, linear, params, {c.vocab, c.dim}, seed + 100);
   s->refs[std::string(kFinalNormTensor)] = ones(c.dim);
-  // The family's layer with q/k/v and gate/up stored fused, as a checkpoint with fused projections describes it.
-  out.desc = describe_model(c, "synthetic llama3-8b");
+  // The family's layer with q/k/v and gate/up stored fused, as a checkpoint with fused projections describes it
+  // (experts keep their own gate and up, which the GPU runtime stacks per expert at load).
+  out.desc = describe_model(c, "synthetic");
   for (LayerDesc& d : out.desc.layers) {
+    const bool dense_mlp = d.has(Role::gate);  // MoE layers have experts instead
     std::erase_if(d.tensors, [](const TensorSpec& t) {
       return t.role == Role::q || t.role == Role::k || t.role == Role::v || t.role == Role::gate || t.role == Role::up;
     });
     d.tensors.push_back({Role::qkv, "self_attn.qkv_proj.weight", "attn_qkv.weight", Dim::qkv_dim, Dim::dim});
-    d.tensors.push_back({Role::gate_up, "mlp.gate_up_proj.weight", "ffn_up.weight", Dim::gate_up_dim, Dim::dim});
+    if (dense_mlp)
+      d.tensors.push_back({Role::gate_up, "mlp.gate_up_proj.weight", "ffn_up.weight", Dim::gate_up_dim, Dim::dim});
   }
-  // One layer's random tensors, viewed by every layer.
-  std::map<Role, codec::TensorRef> layer;
+  // One layer's random tensors (each expert its own), viewed by every layer.
+  std::map<std::pair<Role, int32_t>, codec::TensorRef> layer;
   uint64_t tensor_seed = seed + 200;
   for (const TensorSpec& t : out.desc.layers.front().tensors) {
     const int64_t rows = dim_size(t.rows, c);
-    layer[t.role] = t.linear() ? random_tensor(*s, linear, params, {rows, dim_size(t.cols, c)}, tensor_seed += 100)
-                               : ones(rows);
+    layer[{t.role, t.expert}] =
+        t.linear() ? random_tensor(*s, linear, params, {rows, dim_size(t.cols, c)}, tensor_seed += 100) : ones(rows);
   }
   for (int64_t l = 0; l < c.n_layers; ++l)
     for (const TensorSpec& t : out.desc.layers[static_cast<size_t>(l)].tensors)
-      s->refs[hf_tensor_name(l, t)] = layer.at(t.role);
+      s->refs[hf_tensor_name(l, t)] = layer.at({t.role, t.expert});
   out.lookup = [s = s.get()](const std::string& name) -> const codec::TensorRef* {
     const auto it = s->refs.find(name);
     return it == s->refs.end() ? nullptr : &it->second;

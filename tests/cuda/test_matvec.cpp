@@ -473,5 +473,113 @@ TEST_F(CudaMatvec, RejectsTrellisStepWithoutKernel) {
   }
 }
 
+// Grouped expert matmuls (CudaExperts) against fp64 x @ decode(W_e)^T per group: 6 experts, groups written to
+// device memory as the router kernel writes them (expert ids out of order, one expert twice, groups past the last
+// with count 0 whose rows stay poisoned), rows per group up to the batch, x rows contiguous or read through a row
+// map (x_rows, as the MoE gate/up reads the routed rows), for every layout with a grouped kernel: dense f32 / f16
+// (row-chunk), dense bf16 and affine 8 (coalesced), affine 2 / 4 (tensor cores).
+TEST_F(CudaMatvec, GroupedExpertsMatchDecodeRows) {
+  constexpr int kExperts = 6;
+  const std::vector<std::pair<std::string, codec::Params>> codecs = {
+      {"dense", {{"dtype", "f32"}}},
+      {"dense", {{"dtype", "f16"}}},
+      {"dense", {{"dtype", "bf16"}}},
+      {"affine", {{"bits", 8}, {"group_size", 64}, {"scale_dtype", "bf16"}}},
+      {"affine", {{"bits", 4}, {"group_size", 64}, {"scale_dtype", "bf16"}}},
+      {"affine", {{"bits", 4}, {"group_size", 128}, {"scale_dtype", "f32"}}},
+      {"affine", {{"bits", 2}, {"group_size", 32}, {"scale_dtype", "f16"}}},
+  };
+  // (expert, rows) per group; max_groups = the list's size (the trailing zeros are empty groups).
+  const std::vector<std::vector<std::pair<int, int>>> layouts = {
+      {{3, 1}, {0, 0}},
+      {{5, 2}, {1, 3}, {2, 1}, {0, 0}, {0, 0}},
+      {{4, 16}, {0, 9}, {4, 16}, {0, 0}},
+  };
+  for (const auto& [id, params] : codecs)
+    for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{96, 256}, {200, 700}}) {
+      std::vector<Encoded> experts;
+      std::vector<std::unique_ptr<CudaLinear>> prepared;
+      for (int e = 0; e < kExperts; ++e) {
+        experts.push_back(encode(id, params, rows, cols, rng));
+        prepared.push_back(prepare_cuda(experts.back().ref));
+      }
+      const CudaExperts grouped(std::move(prepared), "test experts");
+      for (const auto& groups : layouts)
+        for (const bool mapped : {false, true}) {
+          std::vector<int32_t> expert, start, count;
+          int total = 0, batch = 1;
+          for (const auto& [e, n] : groups) {
+            expert.push_back(e);
+            start.push_back(total);
+            count.push_back(n);
+            total += n;
+            batch = std::max(batch, n);
+          }
+          SCOPED_TRACE(::testing::Message() << id << " " << params.dump() << " [" << rows << ", " << cols << "], "
+                                            << groups.size() << " groups, batch " << batch << ", mapped " << mapped);
+          // Mapped: group row i reads x row x_rows[i] of 5 source rows (repeats allowed, as rows choosing experts).
+          const int x_count = mapped ? 5 : total;
+          std::vector<int32_t> x_rows(static_cast<size_t>(std::max(total, 1)));
+          for (int i = 0; i < total; ++i) x_rows[static_cast<size_t>(i)] = mapped ? (3 * i + 1) % x_count : i;
+          const std::vector<float> x = random_normal(static_cast<size_t>(x_count * cols), rng);
+          const size_t y_rows = static_cast<size_t>(total + 1);  // one row past the groups: must stay untouched
+          DeviceBuffer dx(x.size() * 4), dy(y_rows * rows * 4), de(expert.size() * 4), ds(start.size() * 4),
+              dc(count.size() * 4), dm(x_rows.size() * 4);
+          dx.upload(x.data(), dx.size());
+          dm.upload(x_rows.data(), dm.size());
+          de.upload(expert.data(), de.size());
+          ds.upload(start.data(), ds.size());
+          dc.upload(count.data(), dc.size());
+          dy.fill(0xFF);
+          grouped.grouped_matmul(dx.as<const float>(),
+                                 {de.as<const int32_t>(), ds.as<const int32_t>(), dc.as<const int32_t>(),
+                                  static_cast<int>(groups.size()), mapped ? dm.as<const int32_t>() : nullptr},
+                                 batch, dy.as<float>(), nullptr);
+          synchronize("test grouped matmul");
+          std::vector<float> y(y_rows * rows);
+          dy.download(y.data(), dy.size());
+          double err = 0, norm = 0;
+          for (size_t g = 0; g < groups.size(); ++g) {
+            const std::vector<float> w = codec::decode_all(experts[static_cast<size_t>(expert[g])].ref);
+            for (int i = start[g]; i < start[g] + count[g]; ++i)
+              for (int64_t r = 0; r < rows; ++r) {
+                double want = 0;
+                const int64_t xi = x_rows[static_cast<size_t>(i)];
+                for (int64_t k = 0; k < cols; ++k) want += static_cast<double>(w[r * cols + k]) * x[xi * cols + k];
+                const double got = y[static_cast<size_t>(i * rows + r)];
+                err += std::isfinite(got) ? (got - want) * (got - want) : INFINITY;
+                norm += want * want;
+              }
+          }
+          EXPECT_LT(std::sqrt(err / norm), 2e-5);
+          for (int64_t r = 0; r < rows; ++r) EXPECT_TRUE(std::isnan(y[static_cast<size_t>(total * rows + r)]));
+        }
+    }
+}
+
+// Experts in a layout without a grouped kernel, or stored unlike each other, are refused (Errc::unsupported).
+TEST_F(CudaMatvec, GroupedExpertsRejectLayoutsWithoutKernel) {
+  const auto refused = [](std::vector<std::unique_ptr<CudaLinear>> experts) {
+    try {
+      CudaExperts grouped(std::move(experts), "test experts");
+      return false;
+    } catch (const Error& err) {
+      return err.code() == Errc::unsupported;
+    }
+  };
+  const codec::Params trellis{{"L", 16}, {"k", 2}, {"code", "1mad"}, {"rotate", "none"}};
+  std::vector<std::unique_ptr<CudaLinear>> t;
+  t.push_back(prepare_cuda(lowbit::testing::random_tensor("trellis", trellis, 32, 256, rng, 0.5f).ref));
+  EXPECT_TRUE(refused(std::move(t)));
+  std::vector<std::unique_ptr<CudaLinear>> three;
+  three.push_back(
+      prepare_cuda(encode("affine", {{"bits", 3}, {"group_size", 64}, {"scale_dtype", "bf16"}}, 32, 256, rng).ref));
+  EXPECT_TRUE(refused(std::move(three)));
+  std::vector<std::unique_ptr<CudaLinear>> mixed;
+  mixed.push_back(prepare_cuda(encode("dense", {{"dtype", "f32"}}, 32, 256, rng).ref));
+  mixed.push_back(prepare_cuda(encode("dense", {{"dtype", "f32"}}, 32, 320, rng).ref));
+  EXPECT_TRUE(refused(std::move(mixed)));
+}
+
 }  // namespace
 }  // namespace lowbit::kernels::cuda

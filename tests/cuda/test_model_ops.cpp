@@ -6,8 +6,11 @@
 // (test_cuda_model.cpp) compare whole models with the CPU interpreter. Skips when no CUDA device is present.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numbers>
+#include <numeric>
 #include <random>
 #include <vector>
 
@@ -332,6 +335,111 @@ TEST_F(ModelOpsTest, DecodeAttentionWithWindowSoftcapAndPartialRopeMatchesHost) 
       const std::vector<float> got = download(d.out, static_cast<size_t>(a.q_dim()));
       EXPECT_LT(relative_error(got, a.reference(kPos)), 1e-5);
     }
+  }
+}
+
+// The MoE route against the CPU interpreter's rule (family.h MoeSpec, forward.cpp route_row): softmax in f32, the
+// top_k largest p with ties to the lower index, renormalised or not. Logits on a grid of quarters give many exact
+// ties (equal logits give equal p on both sides, and distinct ones are far apart); one row is all ties. Checks every
+// output: each row's experts and weights in expert order, the (expert, row) numbering, the groups (expert order,
+// first pair, count; count 0 past the last), then the weighted combine on top.
+TEST_F(ModelOpsTest, MoeRouteWithTiesMatchesHost) {
+  struct Case {
+    int experts, top_k, batch;
+    bool renormalise;
+  };
+  for (const Case k : {Case{8, 2, 1, true}, Case{8, 2, 5, true}, Case{128, 8, 16, true}, Case{128, 8, 3, false},
+                       Case{160, 8, 16, true}, Case{40, 40, 2, false}, Case{1, 1, 4, true}}) {
+    SCOPED_TRACE(::testing::Message() << k.experts << " experts, top " << k.top_k << ", batch " << k.batch
+                                      << ", renormalise " << k.renormalise);
+    const int pairs = k.batch * k.top_k;
+    std::vector<float> logits = random_values(static_cast<size_t>(k.batch * k.experts), 90 + k.experts + k.batch, 2.0f);
+    for (float& v : logits) v = std::round(v * 4.0f) / 4.0f;
+    if (k.batch > 1)
+      for (int e = 0; e < k.experts; ++e) logits[static_cast<size_t>(k.experts + e)] = 0.5f;  // row 1: all tied
+    // Host: per row the chosen (expert, weight) in choice order, as forward.cpp's route_row.
+    std::vector<std::vector<std::pair<int, float>>> want(static_cast<size_t>(k.batch));
+    for (int b = 0; b < k.batch; ++b) {
+      const float* l = logits.data() + b * k.experts;
+      const float mx = *std::max_element(l, l + k.experts);
+      std::vector<float> p(static_cast<size_t>(k.experts));
+      float sum = 0.0f;
+      for (int e = 0; e < k.experts; ++e) sum += p[e] = std::exp(l[e] - mx);
+      for (float& v : p) v /= sum;
+      std::vector<int> order(static_cast<size_t>(k.experts));
+      std::iota(order.begin(), order.end(), 0);
+      std::stable_sort(order.begin(), order.end(), [&](int a, int c) { return p[a] > p[c]; });
+      float chosen = 0.0f;
+      for (int j = 0; j < k.top_k; ++j) chosen += p[order[j]];
+      for (int j = 0; j < k.top_k; ++j)
+        want[b].push_back({order[j], k.renormalise ? p[order[j]] / chosen : p[order[j]]});
+      std::sort(want[b].begin(), want[b].end());  // expert order
+    }
+    DeviceBuffer dl = upload(logits);
+    std::vector<DeviceBuffer> ints;
+    for (int a = 0; a < 6; ++a) {
+      ints.emplace_back(static_cast<size_t>(pairs) * 4);
+      ints.back().fill(0xFF);
+    }
+    const MoeRoute r{ints[0].as<int32_t>(), ints[1].as<int32_t>(), ints[2].as<float>(),
+                     ints[3].as<int32_t>(), ints[4].as<int32_t>(), ints[5].as<int32_t>()};
+    launch_moe_route(dl.as<float>(), k.experts, k.top_k, k.renormalise, k.batch, r, nullptr);
+    const auto ints_of = [&](int a) {
+      const std::vector<float> raw = download(ints[static_cast<size_t>(a)], static_cast<size_t>(pairs));
+      std::vector<int32_t> v(raw.size());
+      std::memcpy(v.data(), raw.data(), raw.size() * 4);
+      return v;
+    };
+    const std::vector<int32_t> pair_row = ints_of(0), slot = ints_of(1), group_expert = ints_of(3),
+                               group_start = ints_of(4), group_count = ints_of(5);
+    const std::vector<float> weight = download(ints[2], static_cast<size_t>(pairs));
+    // The (expert, row) numbering the host expects, and its groups.
+    std::vector<std::pair<int, int>> numbered;  // (expert, row)
+    for (int b = 0; b < k.batch; ++b)
+      for (const auto& [e, w] : want[b]) numbered.push_back({e, b});
+    std::sort(numbered.begin(), numbered.end());
+    std::vector<int32_t> want_expert, want_start, want_count;
+    for (int i = 0; i < pairs; ++i)
+      if (i == 0 || numbered[i].first != numbered[i - 1].first) {
+        want_expert.push_back(numbered[i].first);
+        want_start.push_back(i);
+        want_count.push_back(0);
+      }
+    for (const auto& [e, b] : numbered)
+      ++want_count[std::find(want_expert.begin(), want_expert.end(), e) - want_expert.begin()];
+    for (int i = 0; i < pairs; ++i) EXPECT_EQ(pair_row[i], numbered[i].second) << "pair " << i;
+    for (int b = 0; b < k.batch; ++b)
+      for (int j = 0; j < k.top_k; ++j) {
+        const int i = b * k.top_k + j;
+        ASSERT_GE(slot[i], 0);
+        ASSERT_LT(slot[i], pairs);
+        EXPECT_EQ(numbered[slot[i]], std::make_pair(want[b][j].first, b)) << "row " << b << " choice " << j;
+        EXPECT_NEAR(weight[i], want[b][j].second, 1e-6f * std::max(1.0f, want[b][j].second)) << "row " << b;
+      }
+    for (size_t g = 0; g < static_cast<size_t>(pairs); ++g) {
+      if (g < want_expert.size()) {
+        EXPECT_EQ(group_expert[g], want_expert[g]) << "group " << g;
+        EXPECT_EQ(group_start[g], want_start[g]) << "group " << g;
+        EXPECT_EQ(group_count[g], want_count[g]) << "group " << g;
+      } else {
+        EXPECT_EQ(group_count[g], 0) << "group " << g;
+      }
+    }
+    // Combine rows y [pairs, dim] back with the weights.
+    constexpr int64_t kDim = 96;
+    const std::vector<float> y = random_values(static_cast<size_t>(pairs * kDim), 8);
+    DeviceBuffer dy = upload(y), dout(static_cast<size_t>(k.batch * kDim) * 4);
+    dout.fill(0xFF);
+    launch_moe_combine(dy.as<float>(), kDim, r, k.batch, k.top_k, dout.as<float>(), nullptr);
+    const std::vector<float> out = download(dout, static_cast<size_t>(k.batch * kDim));
+    std::vector<double> want_out(static_cast<size_t>(k.batch * kDim), 0.0);
+    for (int b = 0; b < k.batch; ++b)
+      for (const auto& [e, w] : want[b]) {
+        const int i =
+            static_cast<int>(std::find(numbered.begin(), numbered.end(), std::make_pair(e, b)) - numbered.begin());
+        for (int64_t d = 0; d < kDim; ++d) want_out[b * kDim + d] += static_cast<double>(w) * y[i * kDim + d];
+      }
+    EXPECT_LT(relative_error(out, want_out), 1e-6);
   }
 }
 

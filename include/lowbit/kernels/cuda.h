@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "lowbit/codec/codec.h"
 
@@ -71,6 +73,43 @@ class CudaLinear {
   virtual void gemm(const float* x, int64_t m, float* y, Stream stream) const;
   // Bytes of weight data one matmul reads (codes and metadata as stored), for effective-bandwidth figures.
   virtual uint64_t weight_bytes() const = 0;
+};
+
+// The experts of one Mixture-of-Experts role of a layer (each expert's stacked gate/up, or its down), every one an
+// ordinary prepared weight of the same shape and layout, plus a device table of their arrays: grouped_matmul
+// multiplies groups of activation rows by the experts that device arrays name (written by the router kernel of the
+// same step), reading only those experts' weights, without a host round trip (capturable in a CUDA graph).
+class CudaExperts {
+ public:
+  // Device arrays of up to max_groups groups: group z multiplies rows start[z] .. start[z] + count[z] - 1 of x
+  // [.., cols] by expert[z]'s weight into the same rows of y [.., rows]; count[z] == 0: no group. With x_rows,
+  // row i of the groups reads x row x_rows[i] instead (a gather folded into the matmul).
+  struct Groups {
+    const int32_t* expert = nullptr;
+    const int32_t* start = nullptr;
+    const int32_t* count = nullptr;
+    int max_groups = 0;
+    const int32_t* x_rows = nullptr;
+  };
+  // Errc::unsupported when the experts' layout has no grouped kernel (e.g. trellis, affine 3/5/6) or when their
+  // shapes or layouts differ; `what` names them in the message.
+  CudaExperts(std::vector<std::unique_ptr<CudaLinear>> experts, std::string_view what);
+  ~CudaExperts();
+  CudaExperts(const CudaExperts&) = delete;
+  CudaExperts& operator=(const CudaExperts&) = delete;
+
+  int64_t count() const;
+  int64_t rows() const;
+  int64_t cols() const;
+  const CudaLinear& expert(int64_t e) const;
+  // Every group's count must be <= batch (1..kMaxBatch), which sizes the kernels' batch width. Asynchronous.
+  void grouped_matmul(const float* x, const Groups& groups, int batch, float* y, Stream stream) const;
+  // Bytes of all experts' weights.
+  uint64_t weight_bytes() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
 };
 
 // Prepares a validated tensor for the GPU (Errc::unsupported when no CUDA kernel exists for its codec).

@@ -125,6 +125,36 @@ enum class ActType : uint8_t { swiglu, geglu_tanh, gelu_erf };
 void launch_activation(ActType type, const float* gate, const float* up, const float* up_bias, int64_t stride,
                        float* out, int batch, int64_t hidden, CUstream_st* stream);
 
+// Mixture-of-Experts routing on the device (family.h's MoeSpec), so that a decode step with MoE layers needs no host
+// round trip. For `batch` rows of router logits [batch, n_experts]: p = softmax over all experts (f32), the top_k
+// largest p (ties: the lower index, as the CPU interpreter and torch.topk), weights p, or p divided by the sum of
+// the chosen p when `renormalise`. The batch * top_k (row, expert) pairs are numbered in (expert, row) order;
+// pair i is row pair_row[i] (the grouped gate/up matmul reads its input rows through it); the pairs of one expert
+// form a group (groups in expert order: group_expert, group_start = its first pair, group_count = its pairs, one
+// per row that chose it; groups past the last have count 0). slot[b * top_k + j] and weight[b * top_k + j] are
+// row b's pairs and weights in expert order (the order the CPU adds the experts' outputs in).
+inline constexpr int kMoeMaxTopK = 64;       // pairs of a step: at most kMaxBatch * kMoeMaxTopK
+inline constexpr int kMoeMaxExperts = 4096;  // the router's chosen-set bit masks live in shared memory
+inline constexpr int kMoeMaxRows = 16;       // one warp per row
+struct MoeRoute {
+  int32_t* pair_row = nullptr;      // [batch * top_k]
+  int32_t* slot = nullptr;          // [batch * top_k]
+  float* weight = nullptr;          // [batch * top_k]
+  int32_t* group_expert = nullptr;  // [batch * top_k]
+  int32_t* group_start = nullptr;   // [batch * top_k]
+  int32_t* group_count = nullptr;   // [batch * top_k]
+};
+
+// Routes `batch` (1..kMoeMaxRows) rows of logits, n_experts (1..kMoeMaxExperts), top_k (1..min(n_experts,
+// kMoeMaxTopK)): one block.
+void launch_moe_route(const float* logits, int n_experts, int top_k, bool renormalise, int batch, const MoeRoute& route,
+                      CUstream_st* stream);
+
+// out [batch, dim]: row b = sum over j < top_k of weight[b * top_k + j] * y [slot[b * top_k + j]] (the experts'
+// outputs, weighted, added in expert order).
+void launch_moe_combine(const float* y, int64_t dim, const MoeRoute& route, int batch, int top_k, float* out,
+                        CUstream_st* stream);
+
 // Scratch of the argmax's split of a row over argmax_blocks(vocab) blocks: their winners [batch * blocks] and
 // one arrival counter per row, zeroed once at allocation (every launch leaves the counters zero).
 struct ArgmaxScratch {

@@ -41,7 +41,7 @@ enum StepPart : unsigned {
   kPartNorm = 1,       // embedding gather and the norms (with the residual adds)
   kPartRope = 2,       // bias, q/k norm, RoPE and KV-cache append
   kPartAttention = 4,  // the attention kernel (and the o bias)
-  kPartSwiglu = 8,     // the MLP activation (and the down bias)
+  kPartSwiglu = 8,     // the MLP activation (and the down bias); in MoE layers also the route and weighted sum
   kPartsAll = 15,      // every part but the matmuls
 };
 
@@ -77,7 +77,8 @@ class CudaModel {
 
   const ModelConfig& config() const;
   const CudaModelOptions& options() const;
-  // Bytes of weight data one step reads through the matmuls (all layers and the LM head).
+  // Bytes of weight data a one-row step reads through the matmuls (all layers and the LM head; of an MoE layer's
+  // experts the top_k a row runs, on average).
   uint64_t weight_bytes() const;
   // Grows the KV cache to `capacity` positions per slot (its contents are lost; graphs are captured anew).
   void reserve(int64_t capacity);

@@ -21,6 +21,7 @@
 #include <cuda_runtime.h>
 
 #include "cluster.cuh"
+#include "grouped.cuh"
 #include "matvec.h"
 #include "mma.cuh"
 
@@ -83,10 +84,22 @@ __device__ __forceinline__ float2 meta_get(const MmaArgs& a, const uint32_t* ms,
   return {sk, fmaf(-2.0f, sk, b)};
 }
 
-template <int B, int W>
+// G: a grouped expert launch (matvec.h: ExpertGroups), block z multiplying its group's rows by its expert.
+template <int B, int W, bool G>
 __global__ void __launch_bounds__(kBlockThreads)
-    affine_mma_kernel(MmaArgs a, const float* __restrict__ x, int m, float* __restrict__ y) {
+    affine_mma_kernel(MmaArgs a, ExpertGroups groups, const float* __restrict__ x, int m, float* __restrict__ y) {
   using C = Config<B, W>;
+  const int32_t* x_rows = nullptr;
+  if constexpr (G) {
+    const BlockGroup bg = group_of_block(groups);
+    if (bg.count == 0) return;
+    x_rows = bg.x_rows;
+    if (!x_rows) x += bg.start * a.cols;
+    y += bg.start * a.rows;
+    m = bg.count;
+    a.codes = static_cast<const uint4*>(bg.w.codes);
+    a.meta = bg.w.meta;
+  }
   constexpr int NT = C::NT, NA = C::NA, KC = C::KC, P = C::P, S = C::S;
   extern __shared__ __align__(16) unsigned char smem[];
   uint4* const codes_s = reinterpret_cast<uint4*>(smem + C::kCodesOff);
@@ -136,13 +149,13 @@ __global__ void __launch_bounds__(kBlockThreads)
           const int row = c / (KC / 4), col = 4 * (c % (KC / 4));
           const int64_t left = a.cols - (k0 + col);
           const int bytes = left >= 4 ? 16 : left > 0 ? static_cast<int>(4 * left) : 0;
-          cp_async16(xdst + row * KC + col, bytes > 0 ? x + row * a.cols + k0 + col : x, bytes);
+          cp_async16(xdst + row * KC + col, bytes > 0 ? group_x_row(x, x_rows, row, a.cols) + k0 + col : x, bytes);
         }
       } else {
         for (int c = threadIdx.x; c < xrows * KC; c += kBlockThreads) {
           const int row = c / KC, col = c % KC;
           const bool in = k0 + col < a.cols;
-          cp_async4(xdst + row * KC + col, in ? x + row * a.cols + k0 + col : x, in ? 4 : 0);
+          cp_async4(xdst + row * KC + col, in ? group_x_row(x, x_rows, row, a.cols) + k0 + col : x, in ? 4 : 0);
         }
       }
     }
@@ -289,8 +302,8 @@ __global__ void __launch_bounds__(kBlockThreads)
   cluster_sync();  // no block leaves while others read its partial sums
 }
 
-template <int B, int W>
-void launch_bw(MmaArgs a, const float* x, int m, float* y, CUstream_st* s) {
+template <int B, int W, bool G>
+void launch_bw(MmaArgs a, const ExpertGroups& g, const float* x, int m, float* y, CUstream_st* s) {
   using C = Config<B, W>;
   struct Device {
     int sms = 0, major = 0, blocks_per_sm = 1;
@@ -299,10 +312,10 @@ void launch_bw(MmaArgs a, const float* x, int m, float* y, CUstream_st* s) {
       cudaGetDevice(&dev);
       cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
       cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-      cudaFuncSetAttribute(affine_mma_kernel<B, W>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kMaxBytes);
+      cudaFuncSetAttribute(affine_mma_kernel<B, W, G>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kMaxBytes);
       // Typical meta (bf16, group 128) sets how many blocks share an SM.
       const int typical = C::kMetaOff + C::P * kBlockWarps * 2 * (C::KC / 128) * 16 * 4;
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, affine_mma_kernel<B, W>, kBlockThreads, typical);
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, affine_mma_kernel<B, W, G>, kBlockThreads, typical);
       if (blocks_per_sm < 1) blocks_per_sm = 1;
     }
   };
@@ -310,37 +323,51 @@ void launch_bw(MmaArgs a, const float* x, int m, float* y, CUstream_st* s) {
   a.meta_slot_words = 2 * (C::KC >> a.group_log2) * 16 * (a.meta_f32 ? 2 : 1);
   const size_t smem = C::kMetaOff + static_cast<size_t>(C::P) * kBlockWarps * a.meta_slot_words * 4;
   const int64_t row_blocks = (a.row_tiles + kBlockTiles - 1) / kBlockTiles;
+  const int64_t layers = G ? g.max_groups : 1;  // grid z: the groups (most of them empty at small batches)
   const int64_t stages = (a.kblocks + C::KBS - 1) / C::KBS;
   // Split K (a cluster per row block) while the blocks still fit the GPU at once and every share has 2 stages.
   int split = 1;
   const int64_t slots = static_cast<int64_t>(dev.sms) * dev.blocks_per_sm;
   if (dev.major >= 9)
-    while (split < kMaxSplit && row_blocks * split * 2 <= slots && stages >= 4 * split) split *= 2;
+    while (split < kMaxSplit && row_blocks * layers * split * 2 <= slots && stages >= 4 * split) split *= 2;
   a.stages_per_split = static_cast<int>((stages + split - 1) / split);
 
-  const ClusterLaunch config(dim3(static_cast<unsigned>(split), static_cast<unsigned>(row_blocks)), kBlockThreads, split,
-                             dev.major >= 9, smem, s);
-  cudaLaunchKernelEx(&config.cfg, affine_mma_kernel<B, W>, a, x, m, y);
+  const ClusterLaunch config(
+      dim3(static_cast<unsigned>(split), static_cast<unsigned>(row_blocks), static_cast<unsigned>(layers)),
+      kBlockThreads, split, dev.major >= 9, smem, s);
+  cudaLaunchKernelEx(&config.cfg, affine_mma_kernel<B, W, G>, a, g, x, m, y);
 }
 
-template <int B>
-void launch_b(const MmaArgs& a, const float* x, int m, int batch, float* y, CUstream_st* s) {
-  if (batch <= 4) return launch_bw<B, 4>(a, x, m, y, s);
-  if (batch <= 8) return launch_bw<B, 8>(a, x, m, y, s);
-  launch_bw<B, 16>(a, x, m, y, s);
+template <int B, bool G>
+void launch_b(const MmaArgs& a, const ExpertGroups& g, const float* x, int m, int batch, float* y, CUstream_st* s) {
+  if (batch <= 4) return launch_bw<B, 4, G>(a, g, x, m, y, s);
+  if (batch <= 8) return launch_bw<B, 8, G>(a, g, x, m, y, s);
+  launch_bw<B, 16, G>(a, g, x, m, y, s);
+}
+
+MmaArgs mma_args(const AffineMmaDevice& w, const float* x) {
+  int log2 = 0;
+  while ((1 << log2) < w.group) ++log2;
+  const int64_t kpad = w.kblocks * mma_kblock_cols(w.bits);
+  const bool x_vector = w.cols % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
+  return {reinterpret_cast<const uint4*>(w.codes), w.meta, w.rows, w.cols, w.row_tiles, w.kblocks,
+          kpad / w.group, log2, w.meta_f32, x_vector, 0, 0};
 }
 
 }  // namespace
 
 void launch_affine_mma_kernel(const AffineMmaDevice& w, const float* x, int m, int batch, float* y, CUstream_st* s) {
-  int log2 = 0;
-  while ((1 << log2) < w.group) ++log2;
-  const int64_t kpad = w.kblocks * mma_kblock_cols(w.bits);
-  const bool x_vector = w.cols % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
-  const MmaArgs a{reinterpret_cast<const uint4*>(w.codes), w.meta, w.rows, w.cols, w.row_tiles, w.kblocks,
-                  kpad / w.group, log2, w.meta_f32, x_vector, 0, 0};
-  if (w.bits == 2) return launch_b<2>(a, x, m, batch, y, s);
-  launch_b<4>(a, x, m, batch, y, s);
+  const MmaArgs a = mma_args(w, x);
+  if (w.bits == 2) return launch_b<2, false>(a, {}, x, m, batch, y, s);
+  launch_b<4, false>(a, {}, x, m, batch, y, s);
+}
+
+// Every group's x rows start 16-byte aligned when the first does and cols % 4 == 0 (mma_args' x_vector).
+void launch_grouped_affine_mma_kernel(const AffineMmaDevice& w, const ExpertGroups& g, const float* x, int batch,
+                                      float* y, CUstream_st* s) {
+  const MmaArgs a = mma_args(w, x);
+  if (w.bits == 2) return launch_b<2, true>(a, g, x, batch, batch, y, s);
+  launch_b<4, true>(a, g, x, batch, batch, y, s);
 }
 
 }  // namespace lowbit::kernels::cuda

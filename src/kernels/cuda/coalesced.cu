@@ -3,6 +3,7 @@
 // columns {s 128 T + 128 t + 4 l + u : t < T, u < 4} and their codes are its 16 bytes at offset (s 32 + l) 16,
 // weight t 4 + u at bit (t 4 + u) bits. So a warp-wide 16-byte load of codes reads 512 contiguous bytes, and so
 // does each float4 load of x; a group's scale and bias are warp-uniform (1-4 addresses).
+#include "grouped.cuh"
 #include "matvec.cuh"
 
 namespace lowbit::kernels::cuda {
@@ -33,10 +34,22 @@ __host__ __device__ constexpr int coalesced_rows() {
   return M <= 2 ? 2 : 1;
 }
 
-template <int B, int M>
-__global__ void __launch_bounds__(kThreads, min_blocks<M>()) coalesced_kernel(CoalescedArgs a, int64_t rows,
-                                                                              int64_t cols, const float* __restrict__ x,
-                                                                              int m, float* __restrict__ y) {
+// G: a grouped expert launch (matvec.h: ExpertGroups), block z multiplying its group's rows by its expert.
+template <int B, int M, bool G>
+__global__ void __launch_bounds__(kThreads, min_blocks<M>())
+    coalesced_kernel(CoalescedArgs a, ExpertGroups groups, int64_t rows, int64_t cols, const float* __restrict__ x,
+                     int m, float* __restrict__ y) {
+  const int32_t* x_rows = nullptr;
+  if constexpr (G) {
+    const BlockGroup bg = group_of_block(groups);
+    if (bg.count == 0) return;
+    x_rows = bg.x_rows;
+    if (!x_rows) x += bg.start * cols;
+    y += bg.start * rows;
+    m = bg.count;
+    a.codes = static_cast<const uint4*>(bg.w.codes);
+    a.meta = bg.w.meta;
+  }
   constexpr int R = coalesced_rows<M>();
   constexpr int T = 32 / B;
   constexpr int kStepCols = 128 * T;
@@ -47,7 +60,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks<M>()) coalesced_kernel(Co
   const bool aligned = cols % 4 == 0;
   const float* xr[M];
 #pragma unroll
-  for (int i = 0; i < M; ++i) xr[i] = x + (i < m ? i : 0) * cols;
+  for (int i = 0; i < M; ++i) xr[i] = group_x_row(x, x_rows, i < m ? i : 0, cols);
   int64_t row[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) row[r] = min(row0 + r, rows - 1);
@@ -122,36 +135,50 @@ __global__ void __launch_bounds__(kThreads, min_blocks<M>()) coalesced_kernel(Co
     }
 }
 
-template <int B, int M>
-void launch_cm(const CoalescedArgs& a, int64_t rows, int64_t cols, const float* x, int m, float* y, CUstream_st* s) {
+template <int B, int M, bool G>
+void launch_cm(const CoalescedArgs& a, const ExpertGroups& g, int64_t rows, int64_t cols, const float* x, int m,
+               float* y, CUstream_st* s) {
   constexpr int R = coalesced_rows<M>();
   const int64_t blocks = (rows + kWarps * R - 1) / (kWarps * R);
-  coalesced_kernel<B, M><<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(a, rows, cols, x, m, y);
+  const dim3 grid(static_cast<unsigned>(blocks), 1, G ? static_cast<unsigned>(g.max_groups) : 1);
+  coalesced_kernel<B, M, G><<<grid, kThreads, 0, s>>>(a, g, rows, cols, x, m, y);
 }
 
-template <int B>
-void launch_c(const CoalescedArgs& a, int64_t rows, int64_t cols, const float* x, int m, int batch, float* y,
-              CUstream_st* s) {
+template <int B, bool G>
+void launch_c(const CoalescedArgs& a, const ExpertGroups& g, int64_t rows, int64_t cols, const float* x, int m,
+              int batch, float* y, CUstream_st* s) {
   switch (batch) {
-    case 1: return launch_cm<B, 1>(a, rows, cols, x, m, y, s);
-    case 2: return launch_cm<B, 2>(a, rows, cols, x, m, y, s);
-    case 4: return launch_cm<B, 4>(a, rows, cols, x, m, y, s);
-    case 8: return launch_cm<B, 8>(a, rows, cols, x, m, y, s);
-    default: return launch_cm<B, 16>(a, rows, cols, x, m, y, s);
+    case 1: return launch_cm<B, 1, G>(a, g, rows, cols, x, m, y, s);
+    case 2: return launch_cm<B, 2, G>(a, g, rows, cols, x, m, y, s);
+    case 4: return launch_cm<B, 4, G>(a, g, rows, cols, x, m, y, s);
+    case 8: return launch_cm<B, 8, G>(a, g, rows, cols, x, m, y, s);
+    default: return launch_cm<B, 16, G>(a, g, rows, cols, x, m, y, s);
   }
+}
+
+CoalescedArgs coalesced_args(const CoalescedDevice& w) {
+  int log2 = 0;
+  while ((1 << log2) < w.group) ++log2;
+  return {static_cast<const uint4*>(w.codes), w.meta, w.kpad / (128 * (32 / w.bits)),
+          w.group > 0 ? w.kpad / w.group : 0, log2, w.meta_type == MetaType::f16, w.meta_type == MetaType::f32};
 }
 
 }  // namespace
 
 void launch_coalesced_kernel(const CoalescedDevice& w, const float* x, int m, int batch, float* y, CUstream_st* s) {
-  int log2 = 0;
-  while ((1 << log2) < w.group) ++log2;
-  const CoalescedArgs a{static_cast<const uint4*>(w.codes), w.meta, w.kpad / (128 * (32 / w.bits)),
-                        w.group > 0 ? w.kpad / w.group : 0, log2, w.meta_type == MetaType::f16,
-                        w.meta_type == MetaType::f32};
+  const CoalescedArgs a = coalesced_args(w);
   switch (w.bits) {
-    case 8: return launch_c<8>(a, w.rows, w.cols, x, m, batch, y, s);
-    default: return launch_c<16>(a, w.rows, w.cols, x, m, batch, y, s);
+    case 8: return launch_c<8, false>(a, {}, w.rows, w.cols, x, m, batch, y, s);
+    default: return launch_c<16, false>(a, {}, w.rows, w.cols, x, m, batch, y, s);
+  }
+}
+
+void launch_grouped_coalesced_kernel(const CoalescedDevice& w, const ExpertGroups& g, const float* x, int batch,
+                                     float* y, CUstream_st* s) {
+  const CoalescedArgs a = coalesced_args(w);
+  switch (w.bits) {
+    case 8: return launch_c<8, true>(a, g, w.rows, w.cols, x, batch, batch, y, s);
+    default: return launch_c<16, true>(a, g, w.rows, w.cols, x, batch, batch, y, s);
   }
 }
 

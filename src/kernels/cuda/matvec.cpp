@@ -78,6 +78,27 @@ void affine_mma_matmul(const AffineMmaDevice& w, const float* x, int m, float* y
   check_last_error("cuda affine mma matmul");
 }
 
+void grouped_matmul(const ExpertLayout& w, const ExpertGroups& g, const float* x, int batch, float* y, Stream s) {
+  if (g.max_groups < 1 || g.max_groups > 65535)
+    fail(Errc::limit, "[cuda grouped matmul] {} groups outside [1, 65535]", g.max_groups);
+  switch (w.kind) {
+    case ExpertLayout::Kind::dense:
+      if (w.dense.kpad % kChunkWeights != 0 || w.dense.kpad < w.dense.cols)
+        fail(Errc::unsupported, "[cuda grouped dense] padded width {} has no kernel", w.dense.kpad);
+      launch_grouped_dense_kernel(w.dense, g, x, batch_width(batch, w.dense.rows), y, s);
+      break;
+    case ExpertLayout::Kind::coalesced:
+      check_layout(w.coalesced, "cuda grouped coalesced");
+      launch_grouped_coalesced_kernel(w.coalesced, g, x, batch_width(batch, w.coalesced.rows), y, s);
+      break;
+    case ExpertLayout::Kind::affine_mma:
+      check_layout(w.mma, "cuda grouped affine mma");
+      launch_grouped_affine_mma_kernel(w.mma, g, x, batch_width(batch, w.mma.row_tiles * 16), y, s);
+      break;
+  }
+  check_last_error("cuda grouped matmul");
+}
+
 // Batches wider than the CUDA-core kernel's run in slices of kFmaMaxBatch rows (each reads the weights again).
 void two_plane_matmul(const TwoPlaneDevice& w, const float* x, int m, float* y, Stream s) {
   check_layout(w, "cuda two_plane");

@@ -14,6 +14,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include "grouped.cuh"
 #include "matvec.h"
 
 namespace lowbit::kernels::cuda {
@@ -125,6 +126,8 @@ struct Dense {
   __device__ static void load(const Args& a, int64_t row, int c, Chunk& ch) {
     load_words<kWords>(a.data + row * a.row_words + static_cast<int64_t>(c) * kWords, ch.w);
   }
+  // Grouped expert launches: the block's expert's data.
+  __device__ static void point_at(Args& a, const ExpertArrays& e) { a.data = static_cast<const uint32_t*>(e.codes); }
   __device__ static __forceinline__ float value(const Chunk& ch, int j) {
     if constexpr (T == MetaType::f32) {
       return __uint_as_float(ch.w[j]);
@@ -220,10 +223,23 @@ __device__ __forceinline__ void load_rows(const typename P::Args& a, int64_t row
   for (int r = 0; r < R; ++r) P::load(a, min(row0 + r, rows - 1), c, ch[r]);
 }
 
-template <class P, int M>
-__global__ void __launch_bounds__(kThreads, min_blocks<M>()) matvec_kernel(typename P::Args a, int64_t rows, int64_t cols,
-                                                          const float* __restrict__ x, int m, float* __restrict__ y) {
+// G: a grouped expert launch (matvec.h: ExpertGroups), block z multiplying its group's rows by its expert
+// (codecs with P::point_at).
+template <class P, int M, bool G = false>
+__global__ void __launch_bounds__(kThreads, min_blocks<M>())
+    matvec_kernel(typename P::Args a, ExpertGroups groups, int64_t rows, int64_t cols, const float* __restrict__ x,
+                  int m, float* __restrict__ y) {
   constexpr int R = rows_per_warp<P, M>();
+  const int32_t* x_rows = nullptr;
+  if constexpr (G) {
+    const BlockGroup bg = group_of_block(groups);
+    if (bg.count == 0) return;
+    x_rows = bg.x_rows;
+    if (!x_rows) x += bg.start * cols;
+    y += bg.start * rows;
+    m = bg.count;
+    P::point_at(a, bg.w);
+  }
   const int lane = threadIdx.x % 32;
   const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32) * R;
   if (row0 >= rows) return;
@@ -231,7 +247,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks<M>()) matvec_kernel(typen
   const bool aligned = cols % 4 == 0;
   const float* xr[M];
 #pragma unroll
-  for (int i = 0; i < M; ++i) xr[i] = x + (i < m ? i : 0) * cols;
+  for (int i = 0; i < M; ++i) xr[i] = group_x_row(x, x_rows, i < m ? i : 0, cols);
 
   float acc[R][M];
 #pragma unroll
@@ -258,22 +274,25 @@ __global__ void __launch_bounds__(kThreads, min_blocks<M>()) matvec_kernel(typen
   }
 }
 
-template <class P, int M>
-void launch_m(const typename P::Args& a, int64_t rows, int64_t cols, const float* x, int m, float* y, CUstream_st* s) {
+template <class P, int M, bool G>
+void launch_m(const typename P::Args& a, const ExpertGroups& g, int64_t rows, int64_t cols, const float* x, int m,
+              float* y, CUstream_st* s) {
   constexpr int R = rows_per_warp<P, M>();
   const int64_t blocks = (rows + kWarps * R - 1) / (kWarps * R);
-  matvec_kernel<P, M><<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(a, rows, cols, x, m, y);
+  const dim3 grid(static_cast<unsigned>(blocks), 1, G ? static_cast<unsigned>(g.max_groups) : 1);
+  matvec_kernel<P, M, G><<<grid, kThreads, 0, s>>>(a, g, rows, cols, x, m, y);
 }
 
-template <class P>
+// A plain launch (G false), or a grouped one whose groups `g` hold at most `batch` rows each (m unused).
+template <class P, bool G = false>
 void launch(const typename P::Args& a, int64_t rows, int64_t cols, const float* x, int m, int batch, float* y,
-            CUstream_st* s) {
+            CUstream_st* s, const ExpertGroups& g = {}) {
   switch (batch) {
-    case 1: return launch_m<P, 1>(a, rows, cols, x, m, y, s);
-    case 2: return launch_m<P, 2>(a, rows, cols, x, m, y, s);
-    case 4: return launch_m<P, 4>(a, rows, cols, x, m, y, s);
-    case 8: return launch_m<P, 8>(a, rows, cols, x, m, y, s);
-    default: return launch_m<P, 16>(a, rows, cols, x, m, y, s);
+    case 1: return launch_m<P, 1, G>(a, g, rows, cols, x, m, y, s);
+    case 2: return launch_m<P, 2, G>(a, g, rows, cols, x, m, y, s);
+    case 4: return launch_m<P, 4, G>(a, g, rows, cols, x, m, y, s);
+    case 8: return launch_m<P, 8, G>(a, g, rows, cols, x, m, y, s);
+    default: return launch_m<P, 16, G>(a, g, rows, cols, x, m, y, s);
   }
 }
 

@@ -111,6 +111,37 @@ struct TwoPlaneDevice {
   bool meta_f32 = false;
 };
 
+// Grouped expert matmuls (Mixture-of-Experts decode): one launch multiplies several groups of activation rows, each
+// by its own expert's weight, where the expert ids and the groups come from device memory (written by the router
+// kernel of the same step), so the step needs no host round trip and stays one CUDA graph. Every expert of a role
+// has the same layout (shape, bits, group, meta type); only its arrays' addresses differ, which a device table
+// holds. Block z of the launch serves group z: rows start .. start + count - 1 of x and y (f32, rows of cols and
+// rows elements), multiplied by expert[z]'s weight; a group with count 0 exits at once, so a launch sizes its grid
+// for the most groups a step can have (batch x top_k) and reads only the chosen experts' weights.
+struct ExpertArrays {
+  const void* codes = nullptr;     // the layout's codes (or dense data)
+  const uint32_t* meta = nullptr;  // the layout's (scale, bias) words; null for dense
+};
+struct ExpertGroups {
+  const ExpertArrays* experts = nullptr;  // [n_experts], device
+  const int32_t* expert = nullptr;        // [max_groups], device: the group's expert
+  const int32_t* start = nullptr;         // [max_groups], device: its first row in x and y
+  const int32_t* count = nullptr;         // [max_groups], device: its rows, 0..kMaxBatch (0: no group)
+  // Null: group rows are rows start.. of x. Else row i of the group reads x row x_rows[start + i] (the launch
+  // gathers the rows of its groups itself, so no gathered copy of x is written first).
+  const int32_t* x_rows = nullptr;
+  int max_groups = 0;
+};
+
+// The layout one role's experts share, as the grouped kernels take it (the pointers inside are ignored): dense
+// f16/f32 (row-chunk kernel), dense bf16 and affine 8 (coalesced kernel), affine 2/4 (tensor-core kernel).
+struct ExpertLayout {
+  enum class Kind : uint8_t { dense, coalesced, affine_mma } kind = Kind::dense;
+  DenseDevice dense;
+  CoalescedDevice coalesced;
+  AffineMmaDevice mma;
+};
+
 // Errc::unsupported naming `op` unless the layout is one the kernels take (the matmul and gemm entry points check).
 void check_layout(const AffineDevice& w, const char* op);
 void check_layout(const CoalescedDevice& w, const char* op);
@@ -125,6 +156,11 @@ void coalesced_matmul(const CoalescedDevice& w, const float* x, int m, float* y,
 void affine_mma_matmul(const AffineMmaDevice& w, const float* x, int m, float* y, CUstream_st* stream);
 void two_plane_matmul(const TwoPlaneDevice& w, const float* x, int m, float* y, CUstream_st* stream);
 
+// y [rows of the groups, rows] = each group's x rows @ its expert's W^T; `batch` (checked: 1..kMaxBatch) bounds every
+// group's count, which the kernels trust (the router kernel writes at most the step's batch). Checks the layout.
+void grouped_matmul(const ExpertLayout& w, const ExpertGroups& g, const float* x, int batch, float* y,
+                    CUstream_st* stream);
+
 // Unchecked launches (matvec.cu); `batch` is the compiled batch width >= m (1, 2, 4, 8 or 16).
 void launch_affine_kernel(const AffineDevice& w, const float* x, int m, int batch, float* y, CUstream_st* stream);
 void launch_dense_kernel(const DenseDevice& w, const float* x, int m, int batch, float* y, CUstream_st* stream);
@@ -132,5 +168,12 @@ void launch_coalesced_kernel(const CoalescedDevice& w, const float* x, int m, in
 void launch_affine_mma_kernel(const AffineMmaDevice& w, const float* x, int m, int batch, float* y, CUstream_st* stream);
 void launch_affine_fma_kernel(const AffineMmaDevice& w, const float* x, int m, int batch, float* y, CUstream_st* stream);
 void launch_two_plane_kernel(const TwoPlaneDevice& w, const float* x, int m, int batch, float* y, CUstream_st* stream);
+// Grouped launches (ExpertGroups above); `batch` is the compiled width >= every group's count.
+void launch_grouped_dense_kernel(const DenseDevice& w, const ExpertGroups& g, const float* x, int batch, float* y,
+                                 CUstream_st* stream);
+void launch_grouped_coalesced_kernel(const CoalescedDevice& w, const ExpertGroups& g, const float* x, int batch,
+                                     float* y, CUstream_st* stream);
+void launch_grouped_affine_mma_kernel(const AffineMmaDevice& w, const ExpertGroups& g, const float* x, int batch,
+                                      float* y, CUstream_st* stream);
 
 }  // namespace lowbit::kernels::cuda

@@ -16,13 +16,29 @@ void launch_affine_kernel(const AffineDevice& w, const float* x, int m, int batc
   }
 }
 
-void launch_dense_kernel(const DenseDevice& w, const float* x, int m, int batch, float* y, CUstream_st* s) {
+namespace {
+template <bool G>
+void launch_dense(const DenseDevice& w, const float* x, int m, int batch, float* y, CUstream_st* s,
+                  const ExpertGroups& g) {
   const auto* data = static_cast<const uint32_t*>(w.data);
   switch (w.type) {
-    case MetaType::bf16: return launch<Dense<MetaType::bf16>>({data, w.kpad / 2}, w.rows, w.cols, x, m, batch, y, s);
-    case MetaType::f16: return launch<Dense<MetaType::f16>>({data, w.kpad / 2}, w.rows, w.cols, x, m, batch, y, s);
-    case MetaType::f32: return launch<Dense<MetaType::f32>>({data, w.kpad}, w.rows, w.cols, x, m, batch, y, s);
+    case MetaType::bf16:
+      return launch<Dense<MetaType::bf16>, G>({data, w.kpad / 2}, w.rows, w.cols, x, m, batch, y, s, g);
+    case MetaType::f16:
+      return launch<Dense<MetaType::f16>, G>({data, w.kpad / 2}, w.rows, w.cols, x, m, batch, y, s, g);
+    case MetaType::f32: return launch<Dense<MetaType::f32>, G>({data, w.kpad}, w.rows, w.cols, x, m, batch, y, s, g);
   }
+}
+}  // namespace
+
+void launch_dense_kernel(const DenseDevice& w, const float* x, int m, int batch, float* y, CUstream_st* s) {
+  launch_dense<false>(w, x, m, batch, y, s, {});
+}
+
+// Dense f16/f32 experts (bf16 ones run the coalesced kernel).
+void launch_grouped_dense_kernel(const DenseDevice& w, const ExpertGroups& g, const float* x, int batch, float* y,
+                                 CUstream_st* s) {
+  launch_dense<true>(w, x, batch, batch, y, s, g);
 }
 
 }  // namespace lowbit::kernels::cuda

@@ -524,6 +524,107 @@ __global__ void activation_kernel(const float* gate, const float* up, const floa
   }
 }
 
+// One block: warp b routes row b (softmax, then top_k rounds of a warp-wide best-of-the-unchosen with the chosen
+// set as bit masks in shared memory); then every thread numbers pairs by counting the pairs before them in
+// (expert, row) order (at most kMaxBatch * kMoeMaxTopK = 1024 pairs, so O(pairs) per pair is cheap and needs no sort).
+constexpr int kMoeRouteThreads = kMoeMaxRows * kWarp;
+constexpr int kMoeMaxPairs = kMoeMaxRows * kMoeMaxTopK;
+
+__global__ void __launch_bounds__(kMoeRouteThreads)
+    moe_route_kernel(const float* logits, int n_experts, int top_k, bool renormalise, int batch, MoeRoute r) {
+  __shared__ uint32_t chosen[kMoeMaxRows][kMoeMaxExperts / 32];
+  __shared__ int32_t pair_expert[kMoeMaxPairs];
+  __shared__ float pair_weight[kMoeMaxPairs];
+  __shared__ uint8_t leader[kMoeMaxPairs];
+  __shared__ int groups;
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const int pairs = batch * top_k, words = (n_experts + 31) / 32;
+  if (threadIdx.x == 0) groups = 0;
+  if (warp < batch) {
+    const float* l = logits + static_cast<int64_t>(warp) * n_experts;
+    for (int w = lane; w < words; w += kWarp) chosen[warp][w] = 0;
+    float mx = -FLT_MAX;
+    for (int e = lane; e < n_experts; e += kWarp) mx = fmaxf(mx, l[e]);
+    for (int o = kWarp / 2; o > 0; o /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    float sum = 0.0f;
+    for (int e = lane; e < n_experts; e += kWarp) sum += expf(l[e] - mx);
+    sum = warp_sum(sum);
+    __syncwarp();
+    float chosen_sum = 0.0f;  // in choice order, as the CPU sums it
+    for (int j = 0; j < top_k; ++j) {
+      float best = -1.0f;
+      int best_e = INT_MAX;
+      for (int e = lane; e < n_experts; e += kWarp) {
+        if (chosen[warp][e / 32] & (1u << (e % 32))) continue;
+        float p = expf(l[e] - mx) / sum;
+        if (!(p >= 0.0f)) p = -0.5f;  // NaN logits: still a valid expert, after every number
+        if (p > best || (p == best && e < best_e)) best = p, best_e = e;
+      }
+      for (int o = kWarp / 2; o > 0; o /= 2) {
+        const float ov = __shfl_xor_sync(0xffffffffu, best, o);
+        const int oe = __shfl_xor_sync(0xffffffffu, best_e, o);
+        if (ov > best || (ov == best && oe < best_e)) best = ov, best_e = oe;
+      }
+      if (lane == 0) {
+        chosen[warp][best_e / 32] |= 1u << (best_e % 32);
+        pair_expert[warp * top_k + j] = best_e;
+        pair_weight[warp * top_k + j] = best;
+      }
+      chosen_sum += best;
+      __syncwarp();
+    }
+    if (renormalise)
+      for (int j = lane; j < top_k; j += kWarp) pair_weight[warp * top_k + j] /= chosen_sum;
+  }
+  __syncthreads();
+  // Pair i (row i / top_k): its number in (expert, row) order, its place in its row's expert order, its expert's
+  // pair count, and whether it leads its expert's group (no earlier row chose that expert).
+  int rank[kMoeMaxPairs / kMoeRouteThreads], count[kMoeMaxPairs / kMoeRouteThreads];
+  for (int k = 0, i = threadIdx.x; i < pairs; ++k, i += kMoeRouteThreads) {
+    const int e = pair_expert[i], b = i / top_k;
+    int before = 0, in_row = 0, same = 0;
+    bool leads = true;
+    for (int q = 0; q < pairs; ++q) {
+      const int eq = pair_expert[q], bq = q / top_k;
+      before += eq < e || (eq == e && bq < b);
+      in_row += bq == b && eq < e;
+      same += eq == e;
+      leads = leads && !(eq == e && bq < b);
+    }
+    rank[k] = before;
+    count[k] = same;
+    leader[i] = leads ? 1 : 0;
+    r.pair_row[before] = b;
+    r.slot[b * top_k + in_row] = before;
+    r.weight[b * top_k + in_row] = pair_weight[i];
+  }
+  __syncthreads();
+  // A leader's group is the number of distinct experts below its own.
+  for (int k = 0, i = threadIdx.x; i < pairs; ++k, i += kMoeRouteThreads) {
+    if (!leader[i]) continue;
+    const int e = pair_expert[i];
+    int group = 0;
+    for (int q = 0; q < pairs; ++q) group += leader[q] && pair_expert[q] < e;
+    r.group_expert[group] = e;
+    r.group_start[group] = rank[k];
+    r.group_count[group] = count[k];
+    atomicAdd(&groups, 1);
+  }
+  __syncthreads();
+  for (int z = groups + threadIdx.x; z < pairs; z += kMoeRouteThreads) r.group_count[z] = 0;
+}
+
+__global__ void moe_combine_kernel(const float* y, int64_t dim, const int32_t* slot, const float* weight, int top_k,
+                                   float* out) {
+  const int b = blockIdx.x;
+  for (int64_t d = threadIdx.x; d < dim; d += blockDim.x) {
+    float acc = 0.0f;
+    for (int j = 0; j < top_k; ++j)
+      acc += weight[b * top_k + j] * y[static_cast<int64_t>(slot[b * top_k + j]) * dim + d];
+    out[static_cast<int64_t>(b) * dim + d] = acc;
+  }
+}
+
 constexpr int kArgmaxThreads = 256;
 constexpr int kArgmaxVecs = 8;  // float4s per thread
 constexpr int64_t kArgmaxChunk = int64_t{kArgmaxThreads} * kArgmaxVecs * 4;
@@ -714,6 +815,17 @@ void launch_activation(ActType type, const float* gate, const float* up, const f
                       : type == ActType::geglu_tanh ? activation_kernel<ActType::geglu_tanh>
                                                     : activation_kernel<ActType::gelu_erf>;
   kernel<<<elementwise_blocks(total), 256, 0, stream>>>(gate, up, up_bias, stride, out, hidden, total);
+}
+
+void launch_moe_route(const float* logits, int n_experts, int top_k, bool renormalise, int batch,
+                      const MoeRoute& route, CUstream_st* stream) {
+  moe_route_kernel<<<1, kMoeRouteThreads, 0, stream>>>(logits, n_experts, top_k, renormalise, batch, route);
+}
+
+void launch_moe_combine(const float* y, int64_t dim, const MoeRoute& route, int batch, int top_k, float* out,
+                        CUstream_st* stream) {
+  moe_combine_kernel<<<batch, block_for(dim) > 256 ? 256 : block_for(dim), 0, stream>>>(y, dim, route.slot,
+                                                                                       route.weight, top_k, out);
 }
 
 int argmax_blocks(int64_t vocab) { return static_cast<int>((vocab + kArgmaxChunk - 1) / kArgmaxChunk); }

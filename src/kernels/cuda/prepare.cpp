@@ -7,6 +7,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include "gemm.h"
@@ -126,6 +127,13 @@ DeviceBuffer upload_mma_codes(int64_t rows, int64_t cols, int bits, int64_t row_
   return out;
 }
 
+// A prepared weight whose layout the grouped expert kernels take (matvec.h: ExpertLayout); nullopt where its
+// layout has no grouped kernel yet.
+class GroupableLinear : public CudaLinear {
+ public:
+  virtual std::optional<ExpertLayout> expert_layout() const = 0;
+};
+
 MetaType meta_type(DType t) {
   switch (t) {
     case DType::BF16: return MetaType::bf16;
@@ -135,7 +143,7 @@ MetaType meta_type(DType t) {
   }
 }
 
-class DenseLinear final : public CudaLinear {
+class DenseLinear final : public GroupableLinear {
  public:
   explicit DenseLinear(const codec::TensorRef& t) {
     const TensorView& data = t.arrays.at("data");
@@ -162,6 +170,13 @@ class DenseLinear final : public CudaLinear {
     CudaLinear::gemm(x, m, y, s);
   }
   uint64_t weight_bytes() const override { return bytes_; }
+  std::optional<ExpertLayout> expert_layout() const override {
+    ExpertLayout l;
+    l.kind = coalesced_ ? ExpertLayout::Kind::coalesced : ExpertLayout::Kind::dense;
+    l.dense = w_;
+    l.coalesced = cw_;
+    return l;
+  }
 
  private:
   void upload_coalesced(const TensorView& data, int64_t rows, int64_t cols) {
@@ -184,7 +199,7 @@ class DenseLinear final : public CudaLinear {
   uint64_t bytes_ = 0;
 };
 
-class AffineLinear final : public CudaLinear {
+class AffineLinear final : public GroupableLinear {
  public:
   explicit AffineLinear(const codec::TensorRef& t) {
     const codec::affine::Layout l = codec::affine::layout(t.params, t.shape);
@@ -228,6 +243,19 @@ class AffineLinear final : public CudaLinear {
   uint64_t weight_bytes() const override { return bytes_; }
   // Counts `bytes` as the weight's stored size (a codec re-expressed as affine stores fewer).
   void set_weight_bytes(uint64_t bytes) { bytes_ = bytes; }
+  std::optional<ExpertLayout> expert_layout() const override {
+    ExpertLayout l;
+    if (mma_) {
+      l.kind = ExpertLayout::Kind::affine_mma;
+      l.mma = mw_;
+    } else if (coalesced_) {
+      l.kind = ExpertLayout::Kind::coalesced;
+      l.coalesced = coalesced();
+    } else {
+      return std::nullopt;  // 3, 5, 6 bits: the row-chunk kernel has no grouped instance yet
+    }
+    return l;
+  }
 
  private:
   void upload_coalesced_codes(const codec::affine::Layout& l, const TensorView& codes) {
@@ -541,7 +569,85 @@ constexpr std::array kCudaKernels{
     CudaKernelEntry{"two_plane", make<TwoPlaneLinear>},
 };
 
+// The device arrays a grouped kernel reads for one expert, and whether two experts share everything else.
+ExpertArrays expert_arrays(const ExpertLayout& l) {
+  switch (l.kind) {
+    case ExpertLayout::Kind::dense: return {l.dense.data, nullptr};
+    case ExpertLayout::Kind::coalesced: return {l.coalesced.codes, l.coalesced.meta};
+    case ExpertLayout::Kind::affine_mma: return {l.mma.codes, l.mma.meta};
+  }
+  return {};
+}
+
+bool same_layout(const ExpertLayout& a, const ExpertLayout& b) {
+  if (a.kind != b.kind) return false;
+  switch (a.kind) {
+    case ExpertLayout::Kind::dense:
+      return a.dense.rows == b.dense.rows && a.dense.cols == b.dense.cols && a.dense.kpad == b.dense.kpad &&
+             a.dense.type == b.dense.type;
+    case ExpertLayout::Kind::coalesced: {
+      const CoalescedDevice &x = a.coalesced, &y = b.coalesced;
+      return x.rows == y.rows && x.cols == y.cols && x.kpad == y.kpad && x.bits == y.bits && x.group == y.group &&
+             x.meta_type == y.meta_type;
+    }
+    case ExpertLayout::Kind::affine_mma: {
+      const AffineMmaDevice &x = a.mma, &y = b.mma;
+      return x.rows == y.rows && x.cols == y.cols && x.row_tiles == y.row_tiles && x.kblocks == y.kblocks &&
+             x.bits == y.bits && x.group == y.group && x.meta_f32 == y.meta_f32;
+    }
+  }
+  return false;
+}
+
 }  // namespace
+
+struct CudaExperts::Impl {
+  std::vector<std::unique_ptr<CudaLinear>> experts;
+  ExpertLayout layout;
+  DeviceBuffer table;  // [experts] ExpertArrays
+};
+
+CudaExperts::CudaExperts(std::vector<std::unique_ptr<CudaLinear>> experts, std::string_view what)
+    : impl_(std::make_unique<Impl>()) {
+  if (experts.empty()) fail(Errc::internal, "[prepare_cuda] {}: no experts", what);
+  std::vector<ExpertArrays> table;
+  for (size_t e = 0; e < experts.size(); ++e) {
+    const auto* groupable = dynamic_cast<const GroupableLinear*>(experts[e].get());
+    const std::optional<ExpertLayout> l = groupable ? groupable->expert_layout() : std::nullopt;
+    if (!l)
+      fail(Errc::unsupported,
+           "[prepare_cuda] {}: this codec's layout has no grouped expert kernel on the GPU yet "
+           "(dense and affine 2/4/8 bits have)",
+           what);
+    if (e == 0) impl_->layout = *l;
+    if (!same_layout(impl_->layout, *l))
+      fail(Errc::unsupported,
+           "[prepare_cuda] {}: expert {} is stored unlike expert 0 (the grouped kernels take one "
+           "layout per role)",
+           what, e);
+    table.push_back(expert_arrays(*l));
+  }
+  impl_->experts = std::move(experts);
+  impl_->table = DeviceBuffer(table.size() * sizeof(ExpertArrays));
+  impl_->table.upload(table.data(), impl_->table.size());
+}
+
+CudaExperts::~CudaExperts() = default;
+int64_t CudaExperts::count() const { return static_cast<int64_t>(impl_->experts.size()); }
+int64_t CudaExperts::rows() const { return impl_->experts.front()->rows(); }
+int64_t CudaExperts::cols() const { return impl_->experts.front()->cols(); }
+const CudaLinear& CudaExperts::expert(int64_t e) const { return *impl_->experts.at(static_cast<size_t>(e)); }
+
+void CudaExperts::grouped_matmul(const float* x, const Groups& g, int batch, float* y, Stream s) const {
+  const ExpertGroups groups{impl_->table.as<const ExpertArrays>(), g.expert, g.start, g.count, g.x_rows, g.max_groups};
+  cuda::grouped_matmul(impl_->layout, groups, x, batch, y, s);
+}
+
+uint64_t CudaExperts::weight_bytes() const {
+  uint64_t bytes = 0;
+  for (const auto& e : impl_->experts) bytes += e->weight_bytes();
+  return bytes;
+}
 
 std::unique_ptr<CudaLinear> prepare_cuda(const codec::TensorRef& tensor) {
   for (const auto& entry : kCudaKernels)

@@ -130,7 +130,9 @@ kc::ActType act_type(Activation a) {
 // (Role::gate_up) and the parts are null.
 struct Layer {
   const LayerDesc* desc = nullptr;
-  std::array<std::unique_ptr<kc::CudaLinear>, kRoleCount> linears;
+  std::array<std::unique_ptr<kc::CudaLinear>, kRoleCount> linears;  // expert roles stay null
+  // An MoE layer's experts: each expert's gate and up stacked into one [2 expert_hidden, dim] weight, and down.
+  std::unique_ptr<kc::CudaExperts> expert_gate_up, expert_down;
   std::array<kc::DeviceBuffer, kRoleCount> vectors;
   kc::DeviceBuffer keys, values;  // [slots, capacity, kv_dim]
 
@@ -160,7 +162,16 @@ void check_layer(const LayerDesc& d, const ModelDesc& desc, const ModelConfig& c
   const auto runs = [&](Op::Kind kind) {
     return std::any_of(d.ops.begin(), d.ops.end(), [kind](const Op& o) { return o.kind == kind; });
   };
-  if (runs(Op::Kind::moe)) refuse("a Mixture-of-Experts block (no expert kernels on the GPU yet; run it on the CPU)");
+  if (runs(Op::Kind::moe)) {
+    const MoeSpec& m = d.moe;
+    if (!d.has(Role::router) || !d.has(Role::expert_gate) || !d.has(Role::expert_up) || !d.has(Role::expert_down))
+      refuse("a Mixture-of-Experts block without its router and expert gate/up/down tensors");
+    if (d.activation == Activation::gelu_erf) refuse("experts with an ungated GELU MLP (the GPU takes gated experts)");
+    if (m.n_experts < 1 || m.n_experts > kc::kMoeMaxExperts || m.top_k < 1 || m.top_k > m.n_experts ||
+        m.top_k > kc::kMoeMaxTopK)
+      refuse(fmt::format("{} experts, top {} (the GPU router takes up to {} experts and top {})", m.n_experts, m.top_k,
+                         kc::kMoeMaxExperts, kc::kMoeMaxTopK));
+  }
   const bool attention = runs(Op::Kind::attention), mlp = runs(Op::Kind::mlp);
   const bool qkv = d.has(Role::qkv) || (d.has(Role::q) && d.has(Role::k) && d.has(Role::v));
   if (attention && (!qkv || !d.has(Role::o)))
@@ -190,6 +201,43 @@ std::unique_ptr<kc::CudaLinear> stacked(std::span<const codec::TensorRef* const>
   return s ? prepare(s->ref, joined) : nullptr;
 }
 
+// Every expert of an MoE layer, gate and up stacked per expert (stack_rows), grouped for the kernels that take the
+// expert ids from device memory. A codec whose experts cannot stack or have no grouped kernel is refused naming it.
+template <class Ref>
+void load_experts(Layer& w, const Ref& ref, const LayerDesc& d, int64_t l) {
+  const auto n = static_cast<size_t>(d.moe.n_experts);
+  std::vector<const TensorSpec*> gate(n), up(n), down(n);
+  for (const TensorSpec& t : d.tensors) {
+    if (t.expert < 0 || static_cast<size_t>(t.expert) >= n) continue;
+    auto& slot = t.role == Role::expert_gate ? gate : t.role == Role::expert_up ? up : down;
+    slot[static_cast<size_t>(t.expert)] = &t;
+  }
+  std::vector<std::unique_ptr<kc::CudaLinear>> gate_up, downs;
+  std::string codec_id;
+  for (size_t e = 0; e < n; ++e) {
+    if (!gate[e] || !up[e] || !down[e])
+      fail(Errc::unsupported, "[cuda_model] layer {}: expert {} lacks its gate, up or down tensor", l, e);
+    const codec::TensorRef* parts[] = {&ref(*gate[e]), &ref(*up[e])};
+    const std::string names[] = {hf_tensor_name(l, *gate[e]), hf_tensor_name(l, *up[e])};
+    codec_id = parts[0]->codec->id;
+    std::unique_ptr<kc::CudaLinear> stack = stacked(parts, names);
+    if (!stack)
+      fail(Errc::unsupported,
+           "[cuda_model] layer {}: experts in codec '{}' have no grouped GPU kernel yet (dense and "
+           "affine 2/4/8 bits have)",
+           l, codec_id);
+    gate_up.push_back(std::move(stack));
+    downs.push_back(prepare(ref(*down[e]), hf_tensor_name(l, *down[e])));
+  }
+  try {
+    w.expert_gate_up =
+        std::make_unique<kc::CudaExperts>(std::move(gate_up), fmt::format("layer {} experts' gate/up", l));
+    w.expert_down = std::make_unique<kc::CudaExperts>(std::move(downs), fmt::format("layer {} experts' down", l));
+  } catch (const Error& e) {
+    fail(e.code(), "[cuda_model] experts in codec '{}': {}", codec_id, e.what());
+  }
+}
+
 Layer load_layer(const TensorLookup& lookup, const ModelConfig& c, const LayerDesc& d, int64_t l) {
   Layer w;
   w.desc = &d;
@@ -211,7 +259,9 @@ Layer load_layer(const TensorLookup& lookup, const ModelConfig& c, const LayerDe
   };
   fuse(Role::qkv, {Role::q, Role::k, Role::v});
   if (d.activation != Activation::gelu_erf) fuse(Role::gate_up, {Role::gate, Role::up});
+  if (d.has(Role::router)) load_experts(w, ref, d, l);
   for (const TensorSpec& t : d.tensors) {
+    if (t.expert >= 0) continue;  // load_experts
     const bool in_stack = ((t.role == Role::q || t.role == Role::k || t.role == Role::v) && w.linear(Role::qkv)) ||
                           ((t.role == Role::gate || t.role == Role::up) && w.linear(Role::gate_up));
     if (in_stack) continue;
@@ -224,10 +274,15 @@ Layer load_layer(const TensorLookup& lookup, const ModelConfig& c, const LayerDe
   return w;
 }
 
+// Bytes a one-row step reads: every linear, and of an MoE layer's experts the top_k a row runs (on average).
 uint64_t layer_bytes(const Layer& w) {
   uint64_t bytes = 0;
   for (const auto& p : w.linears)
     if (p) bytes += p->weight_bytes();
+  if (w.expert_gate_up) {
+    const uint64_t experts = w.expert_gate_up->weight_bytes() + w.expert_down->weight_bytes();
+    bytes += experts / static_cast<uint64_t>(w.desc->moe.n_experts) * static_cast<uint64_t>(w.desc->moe.top_k);
+  }
   return bytes;
 }
 
@@ -252,6 +307,12 @@ struct CudaModel::Impl {
   // slots, argmax.
   int64_t row_capacity = 0;
   kc::DeviceBuffer x, xb, qkv, att, proj, gu, hb, logits, tokens, pos, slot, next;
+  // MoE layers, for up to kMaxBatch rows at a time (prefill passes run them in chunks of that many): router logits
+  // [rows, n_experts]; per (row, expert) pair the experts' gate/up [pairs, 2 expert_hidden], activation [pairs,
+  // expert_hidden] and output [pairs, dim]; the route (cuda_model_ops.h).
+  int64_t moe_top_k = 0;  // the largest top_k of the layers (0: no MoE layer)
+  kc::DeviceBuffer moe_logits, moe_gu, moe_h, moe_y;
+  kc::DeviceBuffer route_pair_row, route_slot, route_weight, route_group_expert, route_group_start, route_group_count;
   // The decode attention's and the argmax's split scratch, for max_batch rows (decode steps only).
   kc::DeviceBuffer attention_partials, attention_counters;
   kc::DeviceBuffer argmax_values, argmax_indices, argmax_counters;
@@ -306,9 +367,66 @@ struct CudaModel::Impl {
     argmax_indices = per_row(kc::argmax_blocks(c.vocab), sizeof(int32_t));
     argmax_counters = per_row(1, sizeof(uint32_t));
     argmax_counters.fill(0);
+    allocate_moe();
     for (auto* b : {&tokens, &pos, &slot, &next}) {
       *b = kc::DeviceBuffer(static_cast<size_t>(row_capacity) * sizeof(int32_t));
       b->fill(0);
+    }
+  }
+
+  void allocate_moe() {
+    int64_t n_experts = 0;
+    for (const LayerDesc& d : desc.layers)
+      if (d.has(Role::router)) {
+        moe_top_k = std::max(moe_top_k, d.moe.top_k);
+        n_experts = std::max(n_experts, d.moe.n_experts);
+      }
+    if (moe_top_k == 0) return;
+    const auto rows = std::min<int64_t>(row_capacity, kc::kMaxBatch), pairs = rows * moe_top_k;
+    const auto floats = [](int64_t n, int64_t width) {
+      return kc::DeviceBuffer(checked_mul(static_cast<uint64_t>(n) * sizeof(float), static_cast<uint64_t>(width),
+                                          "[cuda_model] expert activations"));
+    };
+    moe_logits = floats(rows, n_experts);
+    moe_gu = floats(pairs, 2 * c.expert_hidden_dim);
+    moe_h = floats(pairs, c.expert_hidden_dim);
+    moe_y = floats(pairs, c.dim);
+    for (auto* b :
+         {&route_pair_row, &route_slot, &route_weight, &route_group_expert, &route_group_start, &route_group_count}) {
+      *b = kc::DeviceBuffer(static_cast<size_t>(pairs) * sizeof(int32_t));
+      b->fill(0);  // count 0: no group, until the first route (a timing run may leave the router out)
+    }
+  }
+
+  kc::MoeRoute route() const {
+    return {i(route_pair_row),     i(route_slot),        f(route_weight),
+            i(route_group_expert), i(route_group_start), i(route_group_count)};
+  }
+
+  // out = moe(in) for `rows` rows, in chunks of up to kMaxBatch rows (a prefill pass runs its rows through the decode
+  // kernels this way): the router matmul, the device route, the chosen experts' gate/up as one grouped matmul over
+  // the (row, expert) pairs (reading each pair's row of `in` through the route's pair_row), the activation, their
+  // down projections grouped alike, and the weighted sum per row.
+  void moe(const Layer& w, const float* in, float* out, int64_t rows) {
+    const MoeSpec& spec = w.desc->moe;
+    const int64_t ih = c.expert_hidden_dim;
+    const int k = static_cast<int>(spec.top_k);
+    const kc::ActType act = act_type(w.desc->activation);
+    const kc::MoeRoute r = route();
+    for (int64_t r0 = 0; r0 < rows; r0 += kc::kMaxBatch) {
+      const int n = static_cast<int>(std::min<int64_t>(kc::kMaxBatch, rows - r0)), pairs = n * k;
+      const float* chunk = in + r0 * c.dim;
+      w.linear(Role::router)->matmul(chunk, n, f(moe_logits), stream);
+      if (on(kPartSwiglu))
+        kc::launch_moe_route(f(moe_logits), static_cast<int>(spec.n_experts), k, spec.renormalise, n, r, stream);
+      const kc::CudaExperts::Groups groups{r.group_expert, r.group_start, r.group_count, pairs};
+      kc::CudaExperts::Groups gathered = groups;
+      gathered.x_rows = r.pair_row;
+      w.expert_gate_up->grouped_matmul(chunk, gathered, n, f(moe_gu), stream);
+      if (on(kPartSwiglu))
+        kc::launch_activation(act, f(moe_gu), f(moe_gu) + ih, nullptr, 2 * ih, f(moe_h), pairs, ih, stream);
+      w.expert_down->grouped_matmul(f(moe_h), groups, n, f(moe_y), stream);
+      if (on(kPartSwiglu)) kc::launch_moe_combine(f(moe_y), c.dim, r, n, k, out + r0 * c.dim, stream);
     }
   }
 
@@ -502,8 +620,13 @@ struct CudaModel::Impl {
             flush_add();
             add_pending = true;
             break;
-          case Op::Kind::moe:  // check_layer refuses MoE layers before any step
-            fail(Errc::internal, "[cuda_model] a moe op reached the GPU step");
+          case Op::Kind::moe: {
+            flush_add();
+            float* out = other(h);
+            moe(w, h, out, rows);
+            h = out;
+            break;
+          }
         }
       }
     }
