@@ -98,7 +98,7 @@ py::dict chat(const LoadedModel& m, const std::vector<std::pair<std::string, std
     py::gil_scoped_release release;
     const std::lock_guard lock(pool_mutex());
     auto tmpl = template_source ? model::make_chat_template(*template_source, "chat_template", m.path, *m.tokenizer)
-                                : model::chat_template_for(m.path, *m.tokenizer);
+                                : model::chat_template_for(*m.model, m.path, *m.tokenizer);
     model::ChatSession session(*m.model, *m.tokenizer, std::move(tmpl), m.model->config.max_seq, sampler,
                                std::nullopt);
     for (size_t i = 0; i + 1 < history.size(); ++i) session.add_message({history[i].first, history[i].second});

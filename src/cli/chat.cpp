@@ -50,10 +50,10 @@ void run(const Args& a) {
     tmpl = model::chat_template_from_file(*a.template_file, a.model, *tokenizer);
   } else if (a.template_name) {
     const auto format = model::parse_chat_format(*a.template_name);
-    if (!format) fail(Errc::usage, "[chat] --template {}: expected chatml or llama3", *a.template_name);
+    if (!format) fail(Errc::usage, "[chat] --template {}: expected chatml, llama3, gemma or phi3", *a.template_name);
     tmpl = model::builtin_chat_template(*format, a.model, *tokenizer);
   } else {
-    tmpl = model::chat_template_for(a.model, *tokenizer);
+    tmpl = model::chat_template_for(*model, a.model, *tokenizer);
   }
   model::SamplerOptions sampler = a.sampler;
   sampler.seed = a.seed ? *a.seed : std::random_device{}();
@@ -83,7 +83,7 @@ void setup(CLI::App& root) {
   cmd->add_option("-p,--message", args->message, "One user message; without it, read messages from stdin");
   cmd->add_option("--system", args->system, "System prompt (default: the template's own, if any)");
   auto* builtin = cmd->add_option("--template", args->template_name,
-                                  "Built-in chatml or llama3 template instead of the model's own");
+                                  "Built-in chatml, llama3, gemma or phi3 template instead of the model's own");
   cmd->add_option("--chat-template", args->template_file, "Jinja chat template file instead of the model's own")
       ->excludes(builtin);
   cmd->add_option("-n,--max-tokens", args->max_tokens, "Most tokens per reply")

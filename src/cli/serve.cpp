@@ -630,11 +630,12 @@ class Server {
 
 // The chat template: --chat-template FILE, else the model's own (or a built-in one its tokenizer fits); none is
 // not fatal (only /v1/chat/completions needs one).
-std::optional<lowbit::model::ChatTemplate> load_chat_template(const Args& a, const lowbit::model::Tokenizer& tokenizer) {
+std::optional<lowbit::model::ChatTemplate> load_chat_template(const Args& a, const lowbit::model::Model& model,
+                                                               const lowbit::model::Tokenizer& tokenizer) {
   using namespace lowbit;
   if (a.chat_template) return model::chat_template_from_file(*a.chat_template, a.model, tokenizer);
   try {
-    return model::chat_template_for(a.model, tokenizer);
+    return model::chat_template_for(model, a.model, tokenizer);
   } catch (const Error& e) {
     if (e.code() != Errc::unsupported) throw;
     std::fprintf(stderr, "[serve] %s; /v1/chat/completions answers 400\n", e.what());
@@ -657,7 +658,7 @@ void run(const Args& a) {
   set_default_threads(a.threads);
   const auto model = model::load_model(a.model, {.max_seq = a.context});
   const auto tokenizer = model::load_tokenizer(a.model, a.tokenizer);
-  auto chat_template = load_chat_template(a, *tokenizer);
+  auto chat_template = load_chat_template(a, *model, *tokenizer);
   model::EngineOptions engine_options;
   engine_options.device = a.device;
   engine_options.parallel = a.parallel;

@@ -6,14 +6,17 @@
 #include "lowbit/core/error.h"
 #include "lowbit/io/json.h"
 #include "lowbit/model/chat.h"
+#include "lowbit/model/family.h"
 #include "lowbit/model/gguf_model.h"
 #include "lowbit/model/tokenizers.h"
 
 namespace lowbit::model {
 namespace {
 
-// Plain ChatML, and Llama-3 as its early templates wrote it (no tools, no dates): the fallback when a model stores
-// no template, and what --template picks.
+// The built-in templates: the fallback when a model stores none, and what --template picks. Plain ChatML;
+// Llama-3 as its early templates wrote it (no tools, no dates); Gemma as Gemma 3's template renders text turns (a
+// leading system message joins the first user turn, assistant turns are "model", contents trimmed); Phi-3 as
+// Phi-3.5-mini's. tests/model/chat_test.cpp checks the last two against the real templates' jinja2 output.
 constexpr std::string_view kChatmlTemplate =
     "{%- for message in messages %}"
     "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
@@ -25,6 +28,47 @@ constexpr std::string_view kLlama3Template =
     "{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + message['content'] + '<|eot_id|>' }}"
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}";
+constexpr std::string_view kGemmaTemplate =
+    "{{- bos_token }}"
+    "{%- if messages and messages[0]['role'] == 'system' %}"
+    "{%- set prefix = messages[0]['content'] + '\\n\\n' %}{%- set turns = messages[1:] %}"
+    "{%- else %}{%- set prefix = '' %}{%- set turns = messages %}{%- endif %}"
+    "{%- for message in turns %}"
+    "{{- '<start_of_turn>' + ('model' if message['role'] == 'assistant' else message['role']) + '\\n' }}"
+    "{{- (prefix if loop.first else '') + message['content'] | trim + '<end_of_turn>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{ '<start_of_turn>model\\n' }}{%- endif %}";
+constexpr std::string_view kPhi3Template =
+    "{%- for message in messages %}"
+    "{%- if message['role'] in ['user', 'assistant'] or (message['role'] == 'system' and message['content']) %}"
+    "{{ '<|' + message['role'] + '|>\\n' + message['content'] + '<|end|>\\n' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{ '<|assistant|>\\n' }}{%- else %}{{ eos_token }}{%- endif %}";
+
+struct BuiltinTemplate {
+  ChatFormat format;
+  std::string_view name;    // --template's value and the family table's chat_template
+  std::string_view source;
+  std::string_view tokens[2];  // special tokens a tokenizer made for this format has
+};
+// In the order a model without a stored template and without a family default is matched against.
+constexpr BuiltinTemplate kBuiltinTemplates[] = {
+    {ChatFormat::llama3, "llama3", kLlama3Template, {"<|start_header_id|>", "<|eot_id|>"}},
+    {ChatFormat::chatml, "chatml", kChatmlTemplate, {"<|im_start|>", "<|im_end|>"}},
+    {ChatFormat::gemma, "gemma", kGemmaTemplate, {"<start_of_turn>", "<end_of_turn>"}},
+    {ChatFormat::phi3, "phi3", kPhi3Template, {"<|user|>", "<|end|>"}},
+};
+
+const BuiltinTemplate& builtin(ChatFormat format) {
+  for (const auto& b : kBuiltinTemplates)
+    if (b.format == format) return b;
+  fail(Errc::internal, "[chat] built-in template {} is not in the table", static_cast<int>(format));
+}
+
+bool tokenizer_fits(const Tokenizer& tokenizer, const BuiltinTemplate& b) {
+  return tokenizer.token_id(b.tokens[0]) && tokenizer.token_id(b.tokens[1]);
+}
 
 // Tokens that end an assistant turn in the templates lowbit meets (ChatML, Llama-3, Gemma, Phi-3/4).
 constexpr std::string_view kEndOfTurnTokens[] = {"<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>"};
@@ -49,8 +93,8 @@ double seconds_since(Clock::time_point t) { return std::chrono::duration<double>
 }  // namespace
 
 std::optional<ChatFormat> parse_chat_format(std::string_view name) {
-  if (name == "chatml") return ChatFormat::chatml;
-  if (name == "llama3") return ChatFormat::llama3;
+  for (const auto& b : kBuiltinTemplates)
+    if (b.name == name) return b.format;
   return std::nullopt;
 }
 
@@ -102,13 +146,11 @@ ChatTemplate make_chat_template(std::string_view source, std::string name, const
   return {std::make_shared<const jinja::Template>(source, std::move(name)), std::move(bos), std::move(eos)};
 }
 
-std::string_view builtin_chat_template_source(ChatFormat format) {
-  return format == ChatFormat::llama3 ? kLlama3Template : kChatmlTemplate;
-}
+std::string_view builtin_chat_template_source(ChatFormat format) { return builtin(format).source; }
 
 ChatTemplate builtin_chat_template(ChatFormat format, const std::filesystem::path& model_path, const Tokenizer& tokenizer) {
-  return make_chat_template(builtin_chat_template_source(format),
-                            format == ChatFormat::llama3 ? "builtin llama3" : "builtin chatml", model_path, tokenizer);
+  const auto& b = builtin(format);
+  return make_chat_template(b.source, fmt::format("builtin {}", b.name), model_path, tokenizer);
 }
 
 ChatTemplate chat_template_from_file(const std::filesystem::path& file, const std::filesystem::path& model_path,
@@ -131,15 +173,17 @@ std::optional<std::string> stored_chat_template(const std::filesystem::path& mod
   return std::nullopt;
 }
 
-ChatTemplate chat_template_for(const std::filesystem::path& model_path, const Tokenizer& tokenizer) {
+ChatTemplate chat_template_for(const Model& model, const std::filesystem::path& model_path,
+                               const Tokenizer& tokenizer) {
   if (const auto source = stored_chat_template(model_path))
     return make_chat_template(*source, model_path.string(), model_path, tokenizer);
-  if (tokenizer.token_id("<|start_header_id|>") && tokenizer.token_id("<|eot_id|>"))
-    return builtin_chat_template(ChatFormat::llama3, model_path, tokenizer);
-  if (tokenizer.token_id("<|im_start|>") && tokenizer.token_id("<|im_end|>"))
-    return builtin_chat_template(ChatFormat::chatml, model_path, tokenizer);
-  fail(Errc::unsupported, "[chat] {}: no chat template stored with the model and no ChatML or Llama-3 tokens; "
-       "pass --template or --chat-template", model_path.string());
+  // The family's own format first (Gemma GGUFs often carry no template), as long as the tokenizer has its tokens.
+  if (const auto format = parse_chat_format(family_of(model.config).chat_template))
+    if (tokenizer_fits(tokenizer, builtin(*format))) return builtin_chat_template(*format, model_path, tokenizer);
+  for (const auto& b : kBuiltinTemplates)
+    if (tokenizer_fits(tokenizer, b)) return builtin_chat_template(b.format, model_path, tokenizer);
+  fail(Errc::unsupported, "[chat] {}: no chat template stored with the model and no special tokens of a built-in "
+       "one (chatml, llama3, gemma, phi3); pass --template or --chat-template", model_path.string());
 }
 
 std::string render_chat(const ChatTemplate& tmpl, const std::vector<ChatMessage>& messages, bool add_generation_prompt,

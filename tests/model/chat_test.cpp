@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -43,11 +44,47 @@ TEST(ChatTemplate, BuiltinLlama3) {
             "<|start_header_id|>assistant<|end_header_id|>\n\n");
   EXPECT_EQ(parse_chat_format("llama3"), ChatFormat::llama3);
   EXPECT_EQ(parse_chat_format("chatml"), ChatFormat::chatml);
-  EXPECT_FALSE(parse_chat_format("gemma").has_value());
+  EXPECT_EQ(parse_chat_format("gemma"), ChatFormat::gemma);
+  EXPECT_EQ(parse_chat_format("phi3"), ChatFormat::phi3);
+  EXPECT_FALSE(parse_chat_format("gemma3").has_value());
+  EXPECT_FALSE(parse_chat_format("").has_value());
+}
+
+// The built-in Gemma and Phi-3 templates against the real ones (google/gemma-3-it, Phi-3.5-mini-instruct) as
+// Python jinja2 rendered them (tests/model/fixtures/chat_templates, scripts/make_chat_template_fixtures.py), on
+// every fixture conversation of plain text turns.
+TEST(ChatTemplate, BuiltinGemmaAndPhi3RenderTextTurnsAsTheRealTemplates) {
+  const std::filesystem::path dir = std::filesystem::path(LOWBIT_SOURCE_DIR) / "tests/model/fixtures/chat_templates";
+  auto json_of = [](const std::filesystem::path& file) {
+    std::ifstream in(file);
+    return nlohmann::json::parse(in);
+  };
+  const auto conversations = json_of(dir / "conversations.json");
+  const std::pair<ChatFormat, const char*> real[] = {{ChatFormat::gemma, "google-gemma-3-it.expected.json"},
+                                                     {ChatFormat::phi3, "microsoft-Phi-3.5-mini-instruct.expected.json"}};
+  for (const auto& [format, file] : real) {
+    const auto expected = json_of(dir / file);
+    ChatTemplate tmpl = compiled(builtin_chat_template_source(format), expected["bos_token"]);
+    tmpl.eos_token = expected["eos_token"];
+    int compared = 0;
+    for (const auto& c : expected["cases"]) {
+      const auto& messages = conversations[c["conversation"].get<std::string>()]["messages"];
+      const bool text_turns = std::all_of(messages.begin(), messages.end(), [](const auto& m) {
+        return m["content"].is_string() && m["role"] != "tool" && !m.contains("tool_calls");
+      });
+      if (!text_turns || c.contains("error") || !c["options"].empty()) continue;
+      std::vector<ChatMessage> turns;
+      for (const auto& m : messages) turns.push_back({m["role"], m["content"]});
+      EXPECT_EQ(render_chat(tmpl, turns, c["add_generation_prompt"]), c["output"].get<std::string>())
+          << file << " / " << c["conversation"];
+      ++compared;
+    }
+    EXPECT_GE(compared, 4) << file;
+  }
 }
 
 TEST(ChatTemplate, BuiltinRenderingIsPrefixStable) {
-  for (auto format : {ChatFormat::chatml, ChatFormat::llama3}) {
+  for (auto format : {ChatFormat::chatml, ChatFormat::llama3, ChatFormat::gemma, ChatFormat::phi3}) {
     const ChatTemplate tmpl = compiled(builtin_chat_template_source(format), "<s>");
     std::vector<ChatMessage> messages = {{"user", "a"}};
     const std::string first = render_chat(tmpl, messages, true);

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "lowbit/core/thread_pool.h"
+#include "lowbit/model/chat.h"
 #include "lowbit/model/gguf_model.h"
 #include "lowbit/model/model.h"
 #include "model/gemma3_reference.h"
@@ -47,6 +48,14 @@ TEST_F(Gemma3Gguf, ConfigIsGemma3WithFiveWindowLayersToOneFull) {
   EXPECT_EQ(c.n_layers, 18);
   EXPECT_EQ(c.sliding_window, 512);
   for (int64_t l = 0; l < c.n_layers; ++l) EXPECT_EQ(c.is_sliding(l), l % 6 != 5) << "layer " << l;
+}
+
+// The GGUF stores no chat template: chat uses the family's built-in Gemma format, ending turns at <end_of_turn>.
+TEST_F(Gemma3Gguf, ChatUsesTheGemmaTemplateTheFamilyNames) {
+  const ChatTemplate tmpl = chat_template_for(*model_, testing::gemma3_gguf(), *tokenizer_);
+  EXPECT_EQ(tmpl.jinja->name(), "builtin gemma");
+  EXPECT_EQ(render_chat(tmpl, {{"system", "Be brief."}, {"user", " Hi "}}, true),
+            "<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\n");
 }
 
 TEST_F(Gemma3Gguf, TokenizesAsLlamaCpp) {

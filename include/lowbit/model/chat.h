@@ -19,7 +19,7 @@
 
 namespace lowbit::model {
 
-enum class ChatFormat { chatml, llama3 };
+enum class ChatFormat { chatml, llama3, gemma, phi3 };
 
 struct ChatMessage {
   std::string role;  // "system", "user", "assistant"
@@ -31,9 +31,10 @@ struct ChatTemplate {
   std::string bos_token, eos_token;  // the template variables of those names
 };
 
-// "chatml" or "llama3"; nullopt otherwise.
+// "chatml", "llama3", "gemma" or "phi3"; nullopt otherwise.
 std::optional<ChatFormat> parse_chat_format(std::string_view name);
-// The Jinja source of a built-in template (plain ChatML; Llama-3 without tools or dates).
+// The Jinja source of a built-in template (plain ChatML; Llama-3 without tools or dates; Gemma's and Phi-3's text
+// turns).
 std::string_view builtin_chat_template_source(ChatFormat format);
 ChatTemplate builtin_chat_template(ChatFormat format, const std::filesystem::path& model_path, const Tokenizer& tokenizer);
 // `source` compiled as a chat template for the model at `model_path`; `name` appears in errors.
@@ -49,9 +50,9 @@ std::pair<std::string, std::string> chat_special_tokens(const std::filesystem::p
 // The template string stored with a model, if any: a directory's chat_template.jinja, tokenizer_config.json
 // "chat_template" or chat_template.json, a GGUF's tokenizer.chat_template (also a GGUF tokenizer inside an artifact).
 std::optional<std::string> stored_chat_template(const std::filesystem::path& model_path);
-// The template of a model: its stored one, else a built-in one guessed from the tokenizer's special tokens.
-// Errc::unsupported when none fits (pass --template or --chat-template).
-ChatTemplate chat_template_for(const std::filesystem::path& model_path, const Tokenizer& tokenizer);
+// The template of a model: its stored one, else its family's built-in format (family.h), else a built-in one
+// guessed from the tokenizer's special tokens. Errc::unsupported when none fits (pass --template or --chat-template).
+ChatTemplate chat_template_for(const Model& model, const std::filesystem::path& model_path, const Tokenizer& tokenizer);
 
 // The prompt text for `messages` (HF apply_chat_template's variables: messages, tools, add_generation_prompt,
 // bos_token, eos_token, plus `extra`, e.g. {"enable_thinking": false}).
