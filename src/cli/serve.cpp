@@ -631,7 +631,7 @@ class Server {
 // The chat template: --chat-template FILE, else the model's own (or a built-in one its tokenizer fits); none is
 // not fatal (only /v1/chat/completions needs one).
 std::optional<lowbit::model::ChatTemplate> load_chat_template(const Args& a, const lowbit::model::Model& model,
-                                                               const lowbit::model::Tokenizer& tokenizer) {
+                                                              const lowbit::model::Tokenizer& tokenizer) {
   using namespace lowbit;
   if (a.chat_template) return model::chat_template_from_file(*a.chat_template, a.model, tokenizer);
   try {

@@ -48,7 +48,7 @@ constexpr std::string_view kPhi3Template =
 
 struct BuiltinTemplate {
   ChatFormat format;
-  std::string_view name;    // --template's value and the family table's chat_template
+  std::string_view name;  // --template's value and the family table's chat_template
   std::string_view source;
   std::string_view tokens[2];  // special tokens a tokenizer made for this format has
 };
@@ -182,8 +182,10 @@ ChatTemplate chat_template_for(const Model& model, const std::filesystem::path& 
     if (tokenizer_fits(tokenizer, builtin(*format))) return builtin_chat_template(*format, model_path, tokenizer);
   for (const auto& b : kBuiltinTemplates)
     if (tokenizer_fits(tokenizer, b)) return builtin_chat_template(b.format, model_path, tokenizer);
-  fail(Errc::unsupported, "[chat] {}: no chat template stored with the model and no special tokens of a built-in "
-       "one (chatml, llama3, gemma, phi3); pass --template or --chat-template", model_path.string());
+  fail(Errc::unsupported,
+       "[chat] {}: no chat template stored with the model and no special tokens of a built-in "
+       "one (chatml, llama3, gemma, phi3); pass --template or --chat-template",
+       model_path.string());
 }
 
 std::string render_chat(const ChatTemplate& tmpl, const std::vector<ChatMessage>& messages, bool add_generation_prompt,

@@ -60,8 +60,9 @@ TEST(ChatTemplate, BuiltinGemmaAndPhi3RenderTextTurnsAsTheRealTemplates) {
     return nlohmann::json::parse(in);
   };
   const auto conversations = json_of(dir / "conversations.json");
-  const std::pair<ChatFormat, const char*> real[] = {{ChatFormat::gemma, "google-gemma-3-it.expected.json"},
-                                                     {ChatFormat::phi3, "microsoft-Phi-3.5-mini-instruct.expected.json"}};
+  const std::pair<ChatFormat, const char*> real[] = {
+      {ChatFormat::gemma, "google-gemma-3-it.expected.json"},
+      {ChatFormat::phi3, "microsoft-Phi-3.5-mini-instruct.expected.json"}};
   for (const auto& [format, file] : real) {
     const auto expected = json_of(dir / file);
     ChatTemplate tmpl = compiled(builtin_chat_template_source(format), expected["bos_token"]);
