@@ -5,6 +5,7 @@ inter-token latency (gaps between streamed chunks that carry text) p50/p99. Stan
 
   scripts/serve_bench.py MODEL [--tokenizer FILE] [--clients 1,4,16] [--requests-per-client 4] [--max-tokens 128]
                          [--prompt TEXT] [--parallel 16] [--ctx 512] [--threads N] [--lowbit build/release/lowbit]
+                         [--device cpu|cuda]
 """
 import argparse
 import http.client
@@ -88,9 +89,11 @@ def main():
     ap.add_argument("--ctx", type=int, default=512)
     ap.add_argument("--threads", type=int)
     ap.add_argument("--lowbit", default="build/release/lowbit")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (lowbit serve --device)")
     a = ap.parse_args()
     MODEL_ID = a.model.rstrip("/").rsplit("/", 1)[-1]
-    cmd = [a.lowbit, "serve", a.model, "--port", "0", "--parallel", str(a.parallel), "--ctx", str(a.ctx)]
+    cmd = [a.lowbit, "serve", a.model, "--port", "0", "--parallel", str(a.parallel), "--ctx", str(a.ctx),
+           "--device", a.device]
     if a.tokenizer:
         cmd += ["--tokenizer", a.tokenizer]
     if a.threads:
