@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <optional>
 
 #include "lowbit/core/error.h"
 #include "lowbit/core/thread_pool.h"
@@ -29,10 +30,13 @@ class CpuEngineBackend final : public EngineBackend {
   // forward() runs one sequence per call, so a step is one matvec pass per row. A multi-sequence forward (the
   // rows' linears as one batched matmul, attention per row over its own cache) would replace this loop.
   void decode(std::span<const int32_t> tokens, std::span<const int32_t> pos, std::span<const int32_t> slot,
-              float* logits) override {
-    const auto vocab = static_cast<size_t>(model_.config.vocab);
-    for (size_t i = 0; i < tokens.size(); ++i)
-      forward(model_, cache(slot[i]), tokens.subspan(i, 1), pos[i], logits + i * vocab, false, pool_);
+              std::span<float* const> logits, std::span<int32_t> next) override {
+    scratch_.resize(static_cast<size_t>(model_.config.vocab));
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      float* out = logits[i] ? logits[i] : scratch_.data();
+      forward(model_, cache(slot[i]), tokens.subspan(i, 1), pos[i], out, false, pool_);
+      next[i] = argmax(std::span<const float>(out, scratch_.size()));
+    }
   }
 
  private:
@@ -47,6 +51,7 @@ class CpuEngineBackend final : public EngineBackend {
   int64_t capacity_;
   ThreadPool& pool_;
   std::vector<std::unique_ptr<KvCache>> caches_;
+  std::vector<float> scratch_;  // [vocab]: the logits of rows that only need their argmax
 };
 
 // Log-softmax of `logits` at `token`, and the `top` most likely tokens with theirs.
@@ -139,7 +144,8 @@ struct Engine::Sequence {
   int slot = -1;
   std::vector<int32_t> tokens;  // the prompt, then every sampled token
   int64_t prefilled = 0;        // prompt positions in the slot's cache
-  std::vector<float> logits;    // [vocab], of the last position run
+  std::vector<float> logits;    // [vocab], of the last position run, unless only its argmax was asked for:
+  std::optional<int32_t> greedy_next;  // the last decode step's argmax when its logits were not fetched
   std::string text;             // the completion so far
   size_t emitted = 0;           // bytes of text already sent
   int64_t generated = 0;
@@ -148,6 +154,10 @@ struct Engine::Sequence {
 
   explicit Sequence(GenerationRequest r) : request(std::move(r)), sampler(request.sampler), tokens(request.prompt) {}
   bool prefilling() const { return prefilled < static_cast<int64_t>(request.prompt.size()); }
+  // Whether the next token needs the whole distribution: sampling, a repeat penalty, or logprobs to report.
+  bool needs_logits() const {
+    return request.sampler.temperature != 0.0f || request.sampler.repeat_penalty != 1.0f || request.top_logprobs >= 0;
+  }
 };
 
 Engine::Engine(const Model& model, const Tokenizer& tokenizer, EngineOptions options, ThreadPool& pool)
@@ -299,10 +309,13 @@ void Engine::step(std::vector<std::unique_ptr<Sequence>>& active) {
       slot.push_back(seq->slot);
     }
     if (!rows.empty()) {
-      std::vector<float> logits(rows.size() * vocab);
-      backend_->decode(tokens, pos, slot, logits.data());
+      std::vector<float*> logits(rows.size(), nullptr);
+      std::vector<int32_t> next(rows.size());
       for (size_t i = 0; i < rows.size(); ++i)
-        std::copy_n(logits.begin() + static_cast<std::ptrdiff_t>(i * vocab), vocab, rows[i]->logits.begin());
+        if (rows[i]->needs_logits()) logits[i] = rows[i]->logits.data();  // [vocab] since the prompt's prefill
+      backend_->decode(tokens, pos, slot, logits, next);
+      for (size_t i = 0; i < rows.size(); ++i)
+        if (!logits[i]) rows[i]->greedy_next = next[i];
     }
   } catch (const std::exception& e) {
     // A failing pass ends every request in it (their caches may hold partial work); the engine goes on.
@@ -321,7 +334,9 @@ void Engine::step(std::vector<std::unique_ptr<Sequence>>& active) {
 bool Engine::advance(Sequence& seq) {
   const GenerationRequest& r = seq.request;
   const std::vector<float> raw = r.top_logprobs >= 0 ? seq.logits : std::vector<float>{};
-  const int32_t next = seq.sampler.sample(seq.logits, seq.tokens);
+  // A greedy row's argmax came with the step (the same token sample() picks: temperature 0, no penalty).
+  const int32_t next = seq.greedy_next ? *seq.greedy_next : seq.sampler.sample(seq.logits, seq.tokens);
+  seq.greedy_next.reset();
   ++generated_tokens_;
   if (std::find(r.stop_tokens.begin(), r.stop_tokens.end(), next) != r.stop_tokens.end()) {
     finish(seq, FinishReason::stop);

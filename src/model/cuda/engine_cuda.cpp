@@ -26,9 +26,11 @@ class CudaEngineBackend final : public EngineBackend {
   }
 
   void decode(std::span<const int32_t> tokens, std::span<const int32_t> pos, std::span<const int32_t> slot,
-              float* logits) override {
+              std::span<float* const> logits, std::span<int32_t> next) override {
     gpu_.step(tokens, pos, slot);
-    gpu_.download_logits(0, static_cast<int>(tokens.size()), logits);
+    gpu_.argmax(static_cast<int>(tokens.size()), next);
+    for (size_t i = 0; i < logits.size(); ++i)
+      if (logits[i]) gpu_.download_logits(static_cast<int>(i), static_cast<int>(i) + 1, logits[i]);
   }
 
  private:
