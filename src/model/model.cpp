@@ -86,6 +86,14 @@ void ModelBuilder::add_f32(std::string name, Shape shape, std::vector<float> val
 void ModelBuilder::add(std::string name, codec::TensorRef ref) {
   if (!model_->index_.emplace(name, model_->tensors.size()).second)
     fail(Errc::duplicate, "[load_model] tensor '{}' appears twice", name);
+  // Kernels read arrays as their element type (uint32 code words, bf16 scales, ...), but a file need not place a
+  // tensor at an offset aligned for it (safetensors does not require it; mlx-lm's files of stacked experts do not);
+  // such an array is copied into memory the builder owns, which operator new aligns for every element type.
+  for (auto& [array, view] : ref.arrays.items) {
+    if (reinterpret_cast<uintptr_t>(view.bytes.data()) % dtype_size(view.dtype) == 0) continue;
+    const auto& copy = owned_bytes_->emplace_back(view.bytes.begin(), view.bytes.end());
+    view.bytes = std::span<const std::byte>(copy);
+  }
   model_->tensors.push_back({std::move(name), std::move(ref)});
 }
 
@@ -99,6 +107,7 @@ std::unique_ptr<Model> ModelBuilder::finish(const ModelConfig& config, std::stri
   m.config = config;
   m.desc = describe_model(config, source);
   m.keep_alive.push_back(owned_);
+  m.keep_alive.push_back(owned_bytes_);
   for (const auto& t : m.tensors) codec::validate_tensor(t.ref, fmt::format("{}: {}", source, t.name));
   Preparer p(m, source);
   const auto& c = config;

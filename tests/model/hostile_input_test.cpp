@@ -13,6 +13,7 @@
 
 #include "io/gguf_builder.h"
 #include "lowbit/core/error.h"
+#include "lowbit/core/thread_pool.h"
 #include "lowbit/io/gguf.h"
 #include "lowbit/model/gguf_model.h"
 #include "lowbit/model/llama2c.h"
@@ -267,6 +268,42 @@ TEST(HostileInput, ManyTensorsAreIndexedAndADuplicateIsRefused) {
     EXPECT_EQ(e.code(), Errc::duplicate);
     EXPECT_NE(std::string(e.what()).find("'x.0'"), std::string::npos) << e.what();
   }
+}
+
+// A file may place a tensor at an offset misaligned for its element type (safetensors does not forbid it; mlx-lm's
+// stacked experts do it): the builder copies such arrays to aligned memory, so kernels never read a float or a code
+// word through a misaligned pointer (UBSan's "load of misaligned address" in the debug build), and the model
+// computes what the aligned one does.
+TEST(HostileInput, ArraysAtMisalignedOffsetsAreCopiedToAlignedMemory) {
+  const ModelConfig c = testing::tiny_config();
+  const auto aligned = testing::tiny_model(c);
+  auto storage = std::make_shared<std::vector<std::byte>>();
+  size_t total = 0;
+  for (const auto& t : aligned->tensors)
+    for (const auto& [_, view] : t.ref.arrays.items) total += view.bytes.size() + 8;
+  storage->resize(total);
+  size_t at = 1;  // every array starts 1 byte past a multiple of 4 (then of 8)
+  ModelBuilder b;
+  b.keep_alive(storage);
+  for (const auto& t : aligned->tensors) {
+    codec::TensorRef ref = t.ref;
+    for (auto& [_, view] : ref.arrays.items) {
+      std::memcpy(storage->data() + at, view.bytes.data(), view.bytes.size());
+      view.bytes = std::span<const std::byte>(storage->data() + at, view.bytes.size());
+      at += (view.bytes.size() + 7) / 8 * 8;
+    }
+    b.add(t.name, std::move(ref));
+  }
+  const auto copied = b.finish(c, "misaligned");
+  for (const auto& t : copied->tensors)
+    for (const auto& [array, view] : t.ref.arrays.items)
+      EXPECT_EQ(reinterpret_cast<uintptr_t>(view.bytes.data()) % dtype_size(view.dtype), 0u) << t.name << "." << array;
+  const std::vector<int32_t> tokens = {1, 5, 2, 7};
+  std::vector<float> want(static_cast<size_t>(c.vocab)), got(want.size());
+  KvCache cache_a(c, 8), cache_b(c, 8);
+  forward(*aligned, cache_a, tokens, 0, want.data(), false, default_pool());
+  forward(*copied, cache_b, tokens, 0, got.data(), false, default_pool());
+  EXPECT_EQ(want, got);
 }
 
 }  // namespace

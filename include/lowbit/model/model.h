@@ -104,6 +104,9 @@ class ModelBuilder {
  private:
   std::unique_ptr<Model> model_ = std::make_unique<Model>();
   std::shared_ptr<std::deque<std::vector<float>>> owned_ = std::make_shared<std::deque<std::vector<float>>>();
+  // aligned copies of arrays a file placed at offsets misaligned for their element type (add())
+  std::shared_ptr<std::deque<std::vector<std::byte>>> owned_bytes_ =
+      std::make_shared<std::deque<std::vector<std::byte>>>();
 };
 
 // A dense f32 TensorRef viewing `values` (which must outlive it).
