@@ -180,7 +180,7 @@ class Server {
     http.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
       std::string what = "internal error";
       try {
-        std::rethrow_exception(ep);
+        std::rethrow_exception(std::move(ep));
       } catch (const std::exception& e) {
         what = e.what();
       } catch (...) {
@@ -464,7 +464,7 @@ class Server {
   // A whole (non-streamed) response. The first event settles the status (the prompt is prefilled, or the request
   // failed); a generation still running then goes on as a chunked body that begins with JSON whitespace, a space
   // per event or idle second, so that a client that left fails a write and frees its slot as a stream does.
-  void whole_response(httplib::Response& res, std::shared_ptr<lowbit::model::GenerationStream> stream,
+  void whole_response(httplib::Response& res, const std::shared_ptr<lowbit::model::GenerationStream>& stream,
                       const Response& shape) {
     auto all = std::make_shared<lowbit::model::GenerationEvent>();
     lowbit::model::GenerationEvent event;
@@ -515,7 +515,7 @@ class Server {
     return choice;
   }
 
-  void stream_response(httplib::Response& res, std::shared_ptr<lowbit::model::GenerationStream> stream,
+  void stream_response(httplib::Response& res, const std::shared_ptr<lowbit::model::GenerationStream>& stream,
                        const Response& shape, bool include_usage) {
     struct State {
       bool started = false;

@@ -80,7 +80,11 @@ std::unique_ptr<Model> load_mlx(const std::filesystem::path& dir, const LoadOpti
   const nlohmann::json config = io::read_json_file(config_path, "load_mlx", kMaxConfigBytes);
   ModelConfig c = parse_hf_config(config, source);
   if (options.max_seq) c.max_seq = std::min(c.max_seq, *options.max_seq);
-  const nlohmann::json& q = config.at("quantization");
+  // load_model() comes here only for a config with a "quantization" object, but the function is public.
+  const auto quantization = config.find("quantization");
+  if (quantization == config.end() || !quantization->is_object())
+    fail(Errc::format, "[load_mlx] {}: 'quantization' is missing or not an object", source);
+  const nlohmann::json& q = *quantization;
 
   auto ckpt = std::make_shared<io::SafetensorsCheckpoint>(io::SafetensorsCheckpoint::open(dir));
   ModelBuilder b;

@@ -180,6 +180,10 @@ class ProtoReader {
 void check_piece(std::string_view piece, int64_t type, std::string_view source) {
   if (type < 1 || type > 6) fail(Errc::format, "[tokenizer] {}: piece '{}' has type {}", source, piece, type);
   if (piece.empty()) fail(Errc::format, "[tokenizer] {}: an empty piece", source);
+  // libsentencepiece puts pieces into a darts-clone trie as C strings: a NUL cuts the key (one at the start made
+  // it empty, and darts threw out of the library: fuzz_sentencepiece, CI 2026-12-04).
+  if (piece.find('\0') != std::string_view::npos)
+    fail(Errc::format, "[tokenizer] {}: piece '{}' holds a NUL byte", source, printable(piece));
   const auto hex = [](char c) { return std::isxdigit(static_cast<unsigned char>(c)) != 0; };
   if (type == kTypeByte &&
       (piece.size() != 6 || piece.substr(0, 3) != "<0x" || !hex(piece[3]) || !hex(piece[4]) || piece[5] != '>'))

@@ -133,7 +133,7 @@ TEST(ChatTemplate, ToolCallsRoundTripThroughQwenTemplate) {
 namespace fs = std::filesystem;
 
 fs::path fresh_dir(const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() / fmt::format("lowbit_chat_{}_{}", name, ::getpid());
+  fs::path dir = fs::temp_directory_path() / fmt::format("lowbit_chat_{}_{}", name, ::getpid());
   fs::remove_all(dir);
   fs::create_directories(dir);
   return dir;

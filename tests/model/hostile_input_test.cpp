@@ -30,7 +30,7 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 fs::path temp_dir(const std::string& name) {
-  const fs::path p = fs::temp_directory_path() / fmt::format("lowbit-hostile-{}-{}", name, ::getpid());
+  fs::path p = fs::temp_directory_path() / fmt::format("lowbit-hostile-{}-{}", name, ::getpid());
   fs::remove_all(p);
   fs::create_directories(p);
   return p;
@@ -199,6 +199,28 @@ TEST(HostileInput, MlxCodeShapeOverflowIsAnError) {
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), Errc::overflow) << e.what();
     EXPECT_NE(std::string(e.what()).find("'model.embed_tokens.weight' columns"), std::string::npos) << e.what();
+  }
+  fs::remove_all(dir);
+}
+
+// fuzz_mlx_config's finding (CI, 2026-12-04): a config without "quantization" reached nlohmann's at(), whose
+// out_of_range escaped as a crash instead of a format error naming the file and the field.
+TEST(HostileInput, MlxConfigWithoutQuantizationIsAFormatError) {
+  const fs::path dir = temp_dir("mlx-noquant");
+  for (const json& quantization : {json(nullptr), json(4)}) {
+    json config = kLlamaConfig;
+    if (!quantization.is_null()) config["quantization"] = quantization;
+    std::ofstream(dir / "config.json") << config.dump();
+    write_empty_safetensors(dir / "model.safetensors", {});
+    try {
+      load_mlx(dir);
+      FAIL() << "accepted " << config.dump();
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), Errc::format) << e.what();
+      EXPECT_NE(std::string(e.what()).find("config.json: 'quantization' is missing or not an object"),
+                std::string::npos)
+          << e.what();
+    }
   }
   fs::remove_all(dir);
 }

@@ -220,5 +220,33 @@ TEST(SentencePiece, TruncatedOrMalformedProtobufIsAFormatError) {
   }
 }
 
+// fuzz_sentencepiece's finding (CI, 2026-12-04): pieces go into libsentencepiece's darts-clone trie as C strings,
+// and a piece starting with a NUL became an empty key that darts threw out of the library (the process aborted).
+// The model is the fuzzer's input: <unk>, <s>, </s>, then the NORMAL piece "\0\0\x81a".
+TEST(SentencePiece, PieceWithANulByteIsRefusedBeforeTheLibrarySeesIt) {
+  const std::string model("\x0a\x0e\x0a\x05<unk>\x15\0\0\0\0\x18\x02"
+                          "\x0a\x0c\x0a\x03<s>\x15\0\0\0\0\x40\x03"
+                          "\x0a\x0d\x0a\x04</s>\x15\0\0\0\0\x18\x03"
+                          "\x0a\x0b\x0a\x04\0\0\x81" "a\x15\0\0\0\x80",
+                          58);
+  const fs::path p = fs::temp_directory_path() / fmt::format("lowbit-spm-nul-{}.model", ::getpid());
+  std::ofstream(p, std::ios::binary) << model;
+  try {
+    load_sentencepiece(p);
+    ADD_FAILURE() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::format) << e.what();
+    EXPECT_NE(std::string(e.what()).find("holds a NUL byte"), std::string::npos) << e.what();
+  }
+  fs::remove(p);
+  // The same piece from a GGUF vocabulary.
+  try {
+    make_sentencepiece({{"<unk>", 0, 2}, {std::string("a\0b", 3), 0, 1}}, std::nullopt, {}, false, "test");
+    FAIL() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::format) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace lowbit::model
