@@ -17,7 +17,7 @@ std::unique_ptr<Model> load_artifact_model(const std::filesystem::path& dir, con
   // runtime runs the text decoder.
   for (const std::string& name : art->tensor_names())
     if (is_decoder_tensor_name(name)) b.add(name, art->tensor(name));
-  return b.finish(c, dir.string());
+  return b.finish(c, dir.string(), options);
 }
 
 std::optional<std::filesystem::path> artifact_tokenizer_file(const std::filesystem::path& dir) {
