@@ -30,8 +30,10 @@ namespace lowbit::model {
 struct NamedTensor {
   std::string name;  // HF name, e.g. "model.layers.0.self_attn.q_proj.weight"
   codec::TensorRef ref;
-  // The owner of ref's arrays when they are this tensor's alone (a GGUF tensor re-packed at load, a dense f32
-  // tensor), so that they can be released on their own; null when Model::keep_alive holds them.
+  // This tensor's own hold on its arrays, dropped when a kernel has copied them (LoadOptions::cpu_only): the
+  // arrays themselves when they are the tensor's alone (a GGUF tensor re-packed at load, a dense f32 tensor), or
+  // a handle that releases their pages of a shared mapping (an artifact's); null when only Model::keep_alive
+  // holds them.
   std::shared_ptr<const void> storage;
 };
 
@@ -109,7 +111,8 @@ class ModelBuilder {
   void add_f32(std::string name, Shape shape, std::vector<float> values);
   // A tensor whose arrays live in storage kept alive by keep_alive().
   void add(std::string name, codec::TensorRef ref);
-  // A tensor whose arrays only `storage` holds (released with the tensor's arrays under LoadOptions::cpu_only).
+  // A tensor with its own hold on its arrays (NamedTensor::storage), dropped under LoadOptions::cpu_only once a
+  // kernel has copied them.
   void add(std::string name, codec::TensorRef ref, std::shared_ptr<const void> storage);
   void keep_alive(std::shared_ptr<const void> owner);
   bool contains(std::string_view name) const;
