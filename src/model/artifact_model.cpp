@@ -19,9 +19,8 @@ std::unique_ptr<Model> load_artifact_model(const std::filesystem::path& dir, con
   // releases them, so the mapping and the kernels' copies are not both resident.
   for (const std::string& name : art->tensor_names())
     if (is_decoder_tensor_name(name))
-      b.add(name, art->tensor(name), std::shared_ptr<const void>(art.get(), [art, name](const void*) {
-              art->release_pages(name);
-            }));
+      b.add(name, art->tensor(name),
+            std::shared_ptr<const void>(art.get(), [art, name](const void*) { art->release_pages(name); }));
   return b.finish(c, dir.string(), options);
 }
 
