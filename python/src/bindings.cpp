@@ -50,7 +50,7 @@ std::shared_ptr<LoadedModel> load(const std::filesystem::path& path, const std::
   py::gil_scoped_release release;
   auto m = std::make_shared<LoadedModel>();
   m->path = path;
-  m->model = model::load_model(path);
+  m->model = model::load_model(path, {.cpu_only = device == "cpu"});
   model::use_device(*m->model, device);
   m->tokenizer = model::load_tokenizer(path, tokenizer);
   return m;
@@ -127,7 +127,7 @@ py::object eval_ppl(const std::filesystem::path& model_path, const std::filesyst
   {
     py::gil_scoped_release release;
     const std::lock_guard lock(pool_mutex());
-    const auto m = model::load_model(model_path);
+    const auto m = model::load_model(model_path, {.cpu_only = device == "cpu"});
     model::use_device(*m, device);
     const auto tokenizer = model::load_tokenizer(model_path, tokenizer_file);
     const auto tokens = tokenize_file(*tokenizer, text_path);
@@ -145,8 +145,8 @@ py::object eval_kld(const std::filesystem::path& base_path, const std::filesyste
   {
     py::gil_scoped_release release;
     const std::lock_guard lock(pool_mutex());
-    const auto base = model::load_model(base_path);
-    const auto other = model::load_model(other_path);
+    const auto base = model::load_model(base_path, {.cpu_only = device == "cpu"});
+    const auto other = model::load_model(other_path, {.cpu_only = device == "cpu"});
     model::use_device(*base, device);
     model::use_device(*other, device);
     const auto tokenizer = model::load_tokenizer(base_path, tokenizer_file);

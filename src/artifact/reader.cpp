@@ -111,7 +111,10 @@ struct Artifact::Impl {
     f.map = MappedFile::open(f.path);
     if (f.map.identity() != f.identity)
       fail(Errc::changed, "{} {}: changed while it was being opened", kOp, f.path.string());
-    if (verify_hash) check_hash(f.path, sha256_hex(f.map.bytes()), f.entry->sha256, Errc::hash_mismatch);
+    if (verify_hash) {
+      check_hash(f.path, sha256_hex(f.map.bytes()), f.entry->sha256, Errc::hash_mismatch);
+      f.map.release_pages(f.map.bytes());  // hashed: each tensor's reader faults back in only what it reads
+    }
     f.header = io::parse_safetensors_header(f.map.bytes(), f.path.string());
     for (size_t i = 0; i < f.header.entries.size(); ++i) f.index.emplace(f.header.entries[i].name, i);
     f.used.assign(f.header.entries.size(), false);
@@ -247,6 +250,11 @@ const codec::TensorRef& Artifact::tensor(std::string_view name) const {
   if (it == impl_->tensors.end())
     fail(Errc::format, "[artifact] {}: no tensor '{}'", impl_->dir.string(), name);
   return it->second;
+}
+
+void Artifact::release_pages(std::string_view name) const {
+  for (const auto& [role, view] : tensor(name).arrays.items)
+    for (const OpenFile& f : impl_->files) f.map.release_pages(view.bytes);  // only the mapping holding it acts
 }
 
 fs::path Artifact::file_path(std::string_view name) const {

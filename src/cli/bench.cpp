@@ -40,12 +40,18 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-// Stored bytes of the weights a decode step multiplies: every matrix but a gathered (untied) embedding.
+// Bytes of the weights a decode step multiplies: every matrix but a gathered (untied) embedding, as the prepared
+// kernels read them (the stored arrays are released after preparing).
 uint64_t matmul_bytes(const model::Model& m) {
-  uint64_t bytes = 0;
-  for (const model::NamedTensor& t : m.tensors) {
-    if (t.ref.shape.size() != 2 || (t.name == model::kEmbedTensor && !m.config.tied_embeddings)) continue;
-    for (const auto& [role, view] : t.ref.arrays.items) bytes += view.bytes.size();
+  uint64_t bytes = m.lm_head->weight_bytes();
+  const auto add = [&bytes](const kernels::CpuLinear* k) { bytes += k ? k->weight_bytes() : 0; };
+  for (const model::LayerWeights& layer : m.layers) {
+    for (const auto& linear : layer.linears) add(linear.get());
+    for (const model::ExpertWeights& e : layer.experts) {
+      add(e.gate.get());
+      add(e.up.get());
+      add(e.down.get());
+    }
   }
   return bytes;
 }
@@ -102,7 +108,7 @@ std::vector<Row> measure(const Args& a) {
     return rows;
   }
   if (!a.model) fail(Errc::usage, "[bench] give a MODEL or --synthetic");
-  const auto m = model::load_model(*a.model, {.max_seq = a.prompt + a.steps + 4});
+  const auto m = model::load_model(*a.model, {.max_seq = a.prompt + a.steps + 4, .cpu_only = a.device == "cpu"});
   if (a.device == "cuda") {
     const auto lookup = [&m](const std::string& name) {
       const model::NamedTensor* t = m->find(name);

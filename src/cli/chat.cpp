@@ -42,7 +42,7 @@ void report(const lowbit::model::GenerateStats& s) {
 void run(const Args& a) {
   using namespace lowbit;
   set_default_threads(a.threads);
-  const auto model = model::load_model(a.model, {.max_seq = a.context});
+  const auto model = model::load_model(a.model, {.max_seq = a.context, .cpu_only = a.device == "cpu"});
   model::use_device(*model, a.device);
   const auto tokenizer = model::load_tokenizer_for(*model, a.model, a.tokenizer);
   model::ChatTemplate tmpl;

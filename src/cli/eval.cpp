@@ -56,7 +56,7 @@ void add_common(CLI::App* cmd, Common& c) {
 
 void run_ppl(const std::string& model_path, const Common& c) {
   set_default_threads(c.threads);
-  const auto model = model::load_model(model_path);
+  const auto model = model::load_model(model_path, {.cpu_only = c.device == "cpu"});
   model::use_device(*model, c.device);
   Prepared p = prepare(model_path, c);
   Progress progress("eval ppl", static_cast<uint64_t>(eval::count_windows(p.tokens.size(), c.ctx)), "window");
@@ -75,8 +75,8 @@ void run_ppl(const std::string& model_path, const Common& c) {
 
 void run_kld(const std::string& base_path, const std::string& other_path, const Common& c) {
   set_default_threads(c.threads);
-  const auto base = model::load_model(base_path);
-  const auto other = model::load_model(other_path);
+  const auto base = model::load_model(base_path, {.cpu_only = c.device == "cpu"});
+  const auto other = model::load_model(other_path, {.cpu_only = c.device == "cpu"});
   model::use_device(*base, c.device);
   model::use_device(*other, c.device);
   Prepared p = prepare(base_path, c);

@@ -23,7 +23,7 @@ struct Args {
 void run(const Args& a) {
   using namespace lowbit;
   set_default_threads(a.threads);
-  const auto model = model::load_model(a.model);
+  const auto model = model::load_model(a.model, {.cpu_only = a.device == "cpu"});
   model::use_device(*model, a.device);
   const auto tokenizer = model::load_tokenizer_for(*model, a.model, a.tokenizer);
   model::GenerateOptions gen = a.gen;

@@ -656,7 +656,7 @@ void run(const Args& a) {
   std::signal(SIGPIPE, SIG_IGN);
 
   set_default_threads(a.threads);
-  const auto model = model::load_model(a.model, {.max_seq = a.context});
+  const auto model = model::load_model(a.model, {.max_seq = a.context, .cpu_only = a.device == "cpu"});
   const auto tokenizer = model::load_tokenizer(a.model, a.tokenizer);
   auto chat_template = load_chat_template(a, *model, *tokenizer);
   model::EngineOptions engine_options;

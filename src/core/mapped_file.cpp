@@ -87,6 +87,15 @@ MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
   return *this;
 }
 
+void MappedFile::release_pages(std::span<const std::byte> range) const {
+  const auto begin = reinterpret_cast<uintptr_t>(data_), at = reinterpret_cast<uintptr_t>(range.data());
+  if (!data_ || at < begin || at - begin > size_ || range.size() > size_ - (at - begin)) return;
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t first = (at + page - 1) / page * page, last = (at + range.size()) / page * page;
+  // Advice only: a failure leaves the pages resident, as they were.
+  if (first < last) static_cast<void>(::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED));
+}
+
 MappedFile::~MappedFile() {
   if (data_) ::munmap(data_, size_);
 }

@@ -327,6 +327,8 @@ std::span<const std::byte> GgufFile::tensor_bytes(const GgufTensorInfo& info) co
   return bytes_.subspan(header_.data_start + info.offset, info.bytes);  // bounds checked at parse
 }
 
+void GgufFile::release_pages(const GgufTensorInfo& info) const { file_.release_pages(tensor_bytes(info)); }
+
 std::vector<float> GgufFile::dequantize(const GgufTensorInfo& info) const {
   std::vector<float> out(info.numel);
   dequantize_ggml(info.type, tensor_bytes(info), out);

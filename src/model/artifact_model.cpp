@@ -15,9 +15,13 @@ std::unique_ptr<Model> load_artifact_model(const std::filesystem::path& dir, con
   b.keep_alive(art);
   // An artifact imported from a multi-part source (Phonon's audio tower) keeps the other parts' tensors; the
   // runtime runs the text decoder.
+  // Each tensor's storage is its hold on its pages of the mapping: dropped once a kernel copied it (cpu_only), it
+  // releases them, so the mapping and the kernels' copies are not both resident.
   for (const std::string& name : art->tensor_names())
-    if (is_decoder_tensor_name(name)) b.add(name, art->tensor(name));
-  return b.finish(c, dir.string());
+    if (is_decoder_tensor_name(name))
+      b.add(name, art->tensor(name),
+            std::shared_ptr<const void>(art.get(), [art, name](const void*) { art->release_pages(name); }));
+  return b.finish(c, dir.string(), options);
 }
 
 std::optional<std::filesystem::path> artifact_tokenizer_file(const std::filesystem::path& dir) {

@@ -29,6 +29,7 @@ void use_device(Model& model, std::string_view device) {
     return;
   }
   if (device != "cuda") fail(Errc::usage, "[--device] '{}': expected cpu or cuda", device);
+  model.require_stored_arrays("use_device cuda");
 #if LOWBIT_WITH_CUDA
   model.device = make_cuda_forward(model);
 #else

@@ -171,6 +171,7 @@ Engine::Engine(const Model& model, const Tokenizer& tokenizer, EngineOptions opt
   if (options_.device == "cpu") {
     backend_ = std::make_unique<CpuEngineBackend>(model, options_.parallel, context_, pool);
   } else if (options_.device == "cuda") {
+    model.require_stored_arrays("engine cuda");
 #if LOWBIT_WITH_CUDA
     backend_ = make_cuda_engine_backend(model, options_.parallel, context_);
 #else

@@ -28,7 +28,7 @@ std::unique_ptr<Model> load_foreign_model(const std::filesystem::path& dir, cons
     if (c.tied_embeddings && alias == kLmHeadTensor) continue;  // the builder ties the head itself
     b.add(alias, foreign->alias_target(alias, target));
   }
-  return b.finish(c, source);
+  return b.finish(c, source, options);
 }
 
 }  // namespace lowbit::model

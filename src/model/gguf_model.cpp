@@ -134,8 +134,8 @@ bool is_gguf_file(const std::filesystem::path& path) {
 
 std::unique_ptr<Model> load_gguf_model(const std::filesystem::path& path, const LoadOptions& options,
                                        GgufWeights weights) {
-  // Unmapped before the kernels are prepared: every tensor is then in its own copy, and the file's pages would
-  // only add to the peak.
+  // Every tensor is copied out of the file (re-packed or dequantized), so each tensor's pages leave the resident
+  // set once copied and the file is unmapped before the kernels are prepared: its pages would only add to the peak.
   std::optional<io::GgufFile> mapped(io::GgufFile::open(path));
   const io::GgufFile& file = *mapped;
   const std::string source = file.source();
@@ -164,14 +164,15 @@ std::unique_ptr<Model> load_gguf_model(const std::filesystem::path& path, const 
                       ? gguf_packed_tensor(file, t)
                       : std::nullopt;
     if (packed) {
+      file.release_pages(t);
       auto owned = std::make_shared<codec::EncodedTensor>(std::move(packed->tensor));
       codec::TensorRef ref{packed->codec, owned->params, t.shape(), owned->views()};
       codec::validate_tensor(ref, fmt::format("[gguf] {}: tensor '{}'", file.source(), t.name));
-      b.keep_alive(std::move(owned));
-      b.add(it->second.hf[0], std::move(ref));
+      b.add(it->second.hf[0], std::move(ref), std::move(owned));
       continue;
     }
     std::vector<float> values = file.dequantize(t);
+    file.release_pages(t);
     if (it->second.unit_offset_gain)
       for (float& v : values) v -= 1.0f;
     if (single) {
@@ -190,7 +191,7 @@ std::unique_ptr<Model> load_gguf_model(const std::filesystem::path& path, const 
                 std::vector<float>(values.begin() + e * per_expert, values.begin() + (e + 1) * per_expert));
   }
   mapped.reset();
-  return b.finish(c, source);
+  return b.finish(c, source, options);
 }
 
 std::unique_ptr<Tokenizer> gguf_tokenizer(const io::GgufFile& f) {

@@ -64,7 +64,7 @@ std::unique_ptr<Model> load_hf(const std::filesystem::path& dir, const LoadOptio
   b.keep_alive(ckpt);
   for (const std::string& name : ckpt->names())
     if (wanted(name, c)) b.add(name, dense_view_ref(ckpt->tensor(name), name, source));
-  return b.finish(c, dir.string());
+  return b.finish(c, dir.string(), options);
 }
 
 void write_hf(const Model& model, const std::filesystem::path& out,

@@ -102,7 +102,7 @@ std::unique_ptr<Model> load_llama2c(const std::filesystem::path& path, const Loa
     b.add(std::string(kLmHeadTensor), dense_f32_ref({c.vocab, dim}, cur.take(static_cast<uint64_t>(c.vocab * dim), "classifier")));
   if (cur.remaining() != 0)
     fail(Errc::layout, "[load_llama2c] {}: {} trailing bytes after the last tensor", source, cur.remaining());
-  return b.finish(c, source);
+  return b.finish(c, source, options);
 }
 
 }  // namespace lowbit::model

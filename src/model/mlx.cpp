@@ -144,7 +144,7 @@ std::unique_ptr<Model> load_mlx(const std::filesystem::path& dir, const LoadOpti
     }
     b.add(name, dense_view_ref(ckpt->tensor(name), name, source));
   }
-  return b.finish(c, dir.string());
+  return b.finish(c, dir.string(), options);
 }
 
 }  // namespace lowbit::model

@@ -1,6 +1,8 @@
 // ModelBuilder: checks every weight against the config and prepares the CPU kernels.
 #include "lowbit/model/model.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "lowbit/core/checked.h"
@@ -11,24 +13,35 @@ namespace lowbit::model {
 namespace {
 
 // Hands out the tensors the description names, checking each shape, and remembers which were taken so that
-// finish() can refuse the rest.
+// finish() can refuse the rest. With `release`, a tensor's arrays are dropped once its kernel or vector holds its
+// own copy of them.
 class Preparer {
  public:
-  Preparer(Model& m, std::string_view source) : model_(m), source_(source), used_(m.tensors.size(), false) {}
+  Preparer(Model& m, std::string_view source, bool release)
+      : model_(m), source_(source), release_(release), used_(m.tensors.size(), false) {}
 
-  const NamedTensor& get(std::string_view name, const Shape& shape) {
+  NamedTensor& get(std::string_view name, const Shape& shape) {
     const NamedTensor* t = model_.find(name);
     if (!t) fail(Errc::format, "[load_model] {}: tensor '{}' is missing", source_, name);
     if (t->ref.shape != shape)
       fail(Errc::shape, "[load_model] {}: tensor '{}' has shape {}, expected {}", source_, name,
            shape_str(t->ref.shape), shape_str(shape));
-    used_[static_cast<size_t>(t - model_.tensors.data())] = true;
-    return *t;
+    const auto i = static_cast<size_t>(t - model_.tensors.data());
+    used_[i] = true;
+    return model_.tensors[i];
   }
   std::unique_ptr<kernels::CpuLinear> linear(std::string_view name, int64_t rows, int64_t cols) {
-    return kernels::prepare_cpu(get(name, {rows, cols}).ref);
+    NamedTensor& t = get(name, {rows, cols});
+    auto kernel = kernels::prepare_cpu(t.ref);
+    if (!kernel->reads_stored_arrays()) copied(t);
+    return kernel;
   }
-  std::vector<float> vec(std::string_view name, int64_t n) { return codec::decode_all(get(name, {n}).ref); }
+  std::vector<float> vec(std::string_view name, int64_t n) {
+    NamedTensor& t = get(name, {n});
+    std::vector<float> values = codec::decode_all(t.ref);
+    copied(t);
+    return values;
+  }
 
   // Every tensor the description did not take (a layer beyond n_layers, a bias the family has not, ...).
   void refuse_unused() const {
@@ -39,8 +52,17 @@ class Preparer {
   }
 
  private:
+  // t's values now live elsewhere: its own storage goes at once; storage shared through keep_alive goes in
+  // finish() once no tensor views it.
+  void copied(NamedTensor& t) const {
+    if (!release_) return;
+    t.ref.arrays.items.clear();
+    t.storage.reset();
+  }
+
   Model& model_;
   std::string_view source_;
+  bool release_;
   std::vector<bool> used_;
 };
 
@@ -66,6 +88,14 @@ const NamedTensor* Model::find(std::string_view name) const {
   return it == index_.end() ? nullptr : &tensors[it->second];
 }
 
+void Model::require_stored_arrays(std::string_view user) const {
+  if (stored_arrays_released)
+    fail(Errc::usage,
+         "[{}] the model was loaded for the CPU kernels only (LoadOptions::cpu_only): its stored "
+         "arrays are released",
+         user);
+}
+
 codec::TensorRef dense_f32_ref(Shape shape, std::span<const float> values) {
   codec::TensorRef ref;
   ref.codec = &codec::codec_or_throw("dense", "dense_f32_ref");
@@ -79,48 +109,59 @@ codec::TensorRef dense_f32_ref(Shape shape, std::span<const float> values) {
 void ModelBuilder::add_f32(std::string name, Shape shape, std::vector<float> values) {
   if (checked_numel(shape, name) != values.size())
     fail(Errc::internal, "[load_model] {}: {} values for shape {}", name, values.size(), shape_str(shape));
-  const std::vector<float>& stored = owned_->emplace_back(std::move(values));
-  add(std::move(name), dense_f32_ref(std::move(shape), stored));
+  auto stored = std::make_shared<const std::vector<float>>(std::move(values));
+  codec::TensorRef ref = dense_f32_ref(std::move(shape), *stored);
+  add(std::move(name), std::move(ref), std::move(stored));
 }
 
-void ModelBuilder::add(std::string name, codec::TensorRef ref) {
+void ModelBuilder::add(std::string name, codec::TensorRef ref) { add(std::move(name), std::move(ref), nullptr); }
+
+void ModelBuilder::add(std::string name, codec::TensorRef ref, std::shared_ptr<const void> storage) {
   if (!model_->index_.emplace(name, model_->tensors.size()).second)
     fail(Errc::duplicate, "[load_model] tensor '{}' appears twice", name);
   // Kernels read arrays as their element type (uint32 code words, bf16 scales, ...), but a file need not place a
   // tensor at an offset aligned for it (safetensors does not require it; mlx-lm's files of stacked experts do not);
-  // such an array is copied into memory the builder owns, which operator new aligns for every element type.
+  // such an array is copied into memory the tensor's storage then holds (operator new aligns for every type).
+  auto copies = std::make_shared<std::vector<std::vector<std::byte>>>();
   for (auto& [array, view] : ref.arrays.items) {
     if (reinterpret_cast<uintptr_t>(view.bytes.data()) % dtype_size(view.dtype) == 0) continue;
-    const auto& copy = owned_bytes_->emplace_back(view.bytes.begin(), view.bytes.end());
-    view.bytes = std::span<const std::byte>(copy);
+    view.bytes = std::span<const std::byte>(copies->emplace_back(view.bytes.begin(), view.bytes.end()));
   }
-  model_->tensors.push_back({std::move(name), std::move(ref)});
+  if (!copies->empty())
+    storage = std::make_shared<std::pair<std::shared_ptr<const void>, decltype(copies)>>(std::move(storage),
+                                                                                         std::move(copies));
+  model_->tensors.push_back({std::move(name), std::move(ref), std::move(storage)});
 }
 
 void ModelBuilder::keep_alive(std::shared_ptr<const void> owner) { model_->keep_alive.push_back(std::move(owner)); }
 
 bool ModelBuilder::contains(std::string_view name) const { return model_->find(name) != nullptr; }
 
-std::unique_ptr<Model> ModelBuilder::finish(const ModelConfig& config, std::string_view source) {
+std::unique_ptr<Model> ModelBuilder::finish(const ModelConfig& config, std::string_view source,
+                                            const LoadOptions& options) {
   validate_config(config, source);
   Model& m = *model_;
   m.config = config;
   m.desc = describe_model(config, source);
-  m.keep_alive.push_back(owned_);
-  m.keep_alive.push_back(owned_bytes_);
   for (const auto& t : m.tensors) codec::validate_tensor(t.ref, fmt::format("{}: {}", source, t.name));
-  Preparer p(m, source);
+  Preparer p(m, source, options.cpu_only);
   const auto& c = config;
   m.embed = p.linear(kEmbedTensor, c.vocab, c.dim);
   if (c.tied_embeddings && m.find(kLmHeadTensor))
     fail(Errc::format, "[load_model] {}: tied embeddings but an {} tensor is present", source, kLmHeadTensor);
-  m.lm_head =
-      c.tied_embeddings ? kernels::prepare_cpu(m.find(kEmbedTensor)->ref) : p.linear(kLmHeadTensor, c.vocab, c.dim);
+  m.lm_head = c.tied_embeddings ? m.embed : p.linear(kLmHeadTensor, c.vocab, c.dim);
   m.final_norm = p.vec(kFinalNormTensor, c.dim);
   if (m.desc.final_norm == NormKind::layer) m.final_norm_bias = p.vec(kFinalNormBiasTensor, c.dim);
   m.layers.resize(static_cast<size_t>(c.n_layers));
   for (int64_t l = 0; l < c.n_layers; ++l) prepare_layer(p, c, m.desc.layers[l], l, m.layers[l]);
   p.refuse_unused();
+  if (options.cpu_only) {
+    m.stored_arrays_released = true;
+    // The mapped files and buffers the tensors shared go once every kernel holds its own copy.
+    if (std::all_of(m.tensors.begin(), m.tensors.end(),
+                    [](const NamedTensor& t) { return t.ref.arrays.items.empty(); }))
+      m.keep_alive.clear();
+  }
   return std::move(model_);
 }
 

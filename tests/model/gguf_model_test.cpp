@@ -15,6 +15,7 @@
 #include "lowbit/core/dtype.h"
 #include "lowbit/core/error.h"
 #include "lowbit/core/thread_pool.h"
+#include "lowbit/model/cuda_model.h"
 #include "lowbit/model/gguf_model.h"
 
 namespace lowbit::model {
@@ -117,6 +118,23 @@ TEST(GgufModel, TinyLlamaLoadsWithConfigNamesAndValues) {
   EXPECT_EQ(k->ref.shape, (Shape{static_cast<int64_t>(kv_dim), static_cast<int64_t>(dim)}));
   const auto values = codec::decode_all(k->ref);
   for (size_t i = 0; i < values.size(); ++i) ASSERT_EQ(values[i], static_cast<float>(static_cast<int>(i % 7) - 3) * 0.5f) << i;
+}
+
+// The tied Q8_0 token embedding is one packed kernel serving both the row lookup and the LM head: not a dense
+// f32 matrix (4 bytes a weight; affine 8-bit g32 reads 9 bits) and not prepared twice. Its gathered rows are the
+// Q8_0 values exactly.
+TEST(GgufModel, TiedQ8EmbeddingIsOnePackedKernelForLookupAndHead) {
+  const auto model = load_image(tiny_llama(), "lowbit_tiny_llama_tied");
+  ASSERT_TRUE(model->config.tied_embeddings);
+  EXPECT_EQ(model->find(std::string(kEmbedTensor))->ref.codec->id, "affine");
+  EXPECT_EQ(model->lm_head.get(), model->embed.get());
+  EXPECT_EQ(model->lm_head->weight_bytes(), kVocab * kDim * 9 / 8);
+  std::vector<int32_t> ids(kVocab);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i);
+  std::vector<float> rows(kVocab * kDim);
+  model->embed->gather_rows(ids, rows.data());
+  for (size_t i = 0; i < rows.size(); ++i)
+    ASSERT_EQ(rows[i], static_cast<float>(static_cast<int>(i % 7) - 3) * 0.5f) << i;
 }
 
 // Llama-3.1-style divisors by HF's llama3 rule: factor 8, band between wavelengths 8192/4 and 8192.
@@ -301,6 +319,42 @@ TEST_P(GgufPacked, LoadsAsAffineWithTheDequantizedLogitsAndLlamaCpps) {
   EXPECT_LE(max_vs_dense, 5e-4 * scale) << type;
   // llama.cpp rounds the activations to 8 bits (Q8_0/Q8_1) before each quantized matmul; lowbit keeps them f32.
   EXPECT_LE(max_vs_llama, kLlamaCppTolerance * scale) << type;
+}
+
+// Loaded for the CPU only, the embedding lookup gathers ggml's dequantized rows bit for bit, the LM head stays
+// packed, every stored array an affine kernel copied is released (IQ4_NL's dense f32 matrices are read in place
+// and stay), the logits are the default load's exactly, and the CUDA upload is refused instead of reading nothing.
+TEST_P(GgufPacked, CpuOnlyLoadGathersGgmlRowsAndReleasesTheCopiedArrays) {
+  const std::string type = GetParam();
+  const bool affine = type != "IQ4_NL";
+  const fs::path path = kQuantFixtures / ("model." + type + ".gguf");
+  const auto cpu = load_gguf_model(path, {.cpu_only = true});
+  const auto packed = load_gguf_model(path);
+  const auto dense = load_gguf_model(path, {}, GgufWeights::dequantized);
+  const int64_t vocab = cpu->config.vocab, dim = cpu->config.dim;
+
+  std::vector<int32_t> ids(static_cast<size_t>(vocab));
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i);
+  std::vector<float> rows(static_cast<size_t>(vocab * dim));
+  cpu->embed->gather_rows(ids, rows.data());
+  EXPECT_TRUE(rows == codec::decode_all(dense->find(std::string(kEmbedTensor))->ref)) << "not ggml's rows bit for bit";
+  if (affine) {
+    EXPECT_LT(cpu->lm_head->weight_bytes(), static_cast<uint64_t>(vocab * dim * 4) / 3) << "the head is dense";
+  }
+
+  for (const NamedTensor& t : cpu->tensors)
+    EXPECT_EQ(t.ref.arrays.items.empty(), affine || t.ref.shape.size() == 1) << t.name;
+  const auto tokens = nlohmann::json::parse(std::ifstream(kQuantFixtures / "llamacpp_logits.json"))
+                          .at("tokens")
+                          .get<std::vector<int32_t>>();
+  EXPECT_TRUE(stepwise_logits(*cpu, tokens) == stepwise_logits(*packed, tokens));
+  try {
+    use_device(*cpu, "cuda");
+    ADD_FAILURE() << "use_device cuda accepted a model without its stored arrays";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::usage);
+    EXPECT_NE(std::string(e.what()).find("cpu_only"), std::string::npos) << e.what();
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(LlamaQuantize, GgufPacked, ::testing::Values("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL"));

@@ -86,6 +86,27 @@ TEST(Quantize, AffineArtifactIsAnMlxCheckpoint) {
   EXPECT_FALSE(fs::exists(o.destination / "config.json"));
 }
 
+// Loaded for the CPU only, an affine artifact's every tensor lives in its kernel or decoded vector: no tensor views
+// the mapping any more and the model lets it go, with logits equal to the default load's.
+TEST(Quantize, AffineArtifactLoadedForTheCpuOnlyReleasesItsMapping) {
+  TempDir tmp;
+  QuantizeOptions o;
+  o.source = write_source(tmp.path, 128);
+  o.destination = tmp.path / "out";
+  o.recipe = preset("affine4");
+  quantize(o);
+  const auto loaded = model::load_model(o.destination);
+  const auto cpu = model::load_model(o.destination, {.cpu_only = true});
+  EXPECT_FALSE(loaded->keep_alive.empty());
+  EXPECT_TRUE(cpu->keep_alive.empty());
+  for (const auto& t : cpu->tensors) {
+    EXPECT_TRUE(t.ref.arrays.items.empty()) << t.name;
+    EXPECT_EQ(t.storage, nullptr) << t.name;
+  }
+  const std::vector<int32_t> tokens{1, 5, 9, 2, 40, 7};
+  EXPECT_EQ(logits_of(*cpu, tokens), logits_of(*loaded, tokens));
+}
+
 TEST(Quantize, TheChatTemplateTravelsIntoTheArtifact) {
   TempDir tmp;
   QuantizeOptions o;

@@ -47,6 +47,9 @@ class Artifact {
   bool contains(std::string_view name) const;
   // The stored tensor: codec, params, logical shape and views of its arrays. Errc::format when absent.
   const codec::TensorRef& tensor(std::string_view name) const;
+  // Drops the pages of tensor `name`'s arrays from the resident set (MappedFile::release_pages) once a caller has
+  // copied them out; they stay readable.
+  void release_pages(std::string_view name) const;
 
   // Path of a declared file (config.json, a tokenizer file, ...). Errc::missing_file when not declared.
   std::filesystem::path file_path(std::string_view name) const;

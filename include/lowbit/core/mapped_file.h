@@ -41,6 +41,10 @@ class MappedFile {
   size_t size() const { return size_; }
   const FileIdentity& identity() const { return identity_; }
   const std::filesystem::path& path() const { return path_; }
+  // Drops the whole pages inside `range` from the process's resident set (madvise MADV_DONTNEED): a loader that
+  // has copied a tensor out of the file no longer holds its pages. They stay mapped and read the file's bytes
+  // again if touched. A range outside this mapping (an in-memory image) is left alone.
+  void release_pages(std::span<const std::byte> range) const;
 
  private:
   void* data_ = nullptr;

@@ -107,6 +107,9 @@ class GgufFile {
   const GgufTensorInfo* tensor(std::string_view name) const;
   std::span<const std::byte> tensor_bytes(const GgufTensorInfo& info) const;
   std::vector<float> dequantize(const GgufTensorInfo& info) const;
+  // The caller has copied the tensor out: its pages leave the resident set (MappedFile::release_pages; nothing
+  // for an in-memory image). Its bytes stay readable.
+  void release_pages(const GgufTensorInfo& info) const;
 
  private:
   MappedFile file_;

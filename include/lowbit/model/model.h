@@ -6,7 +6,6 @@
 
 #include <array>
 #include <cstdint>
-#include <deque>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -31,6 +30,11 @@ namespace lowbit::model {
 struct NamedTensor {
   std::string name;  // HF name, e.g. "model.layers.0.self_attn.q_proj.weight"
   codec::TensorRef ref;
+  // This tensor's own hold on its arrays, dropped when a kernel has copied them (LoadOptions::cpu_only): the
+  // arrays themselves when they are the tensor's alone (a GGUF tensor re-packed at load, a dense f32 tensor), or
+  // a handle that releases their pages of a shared mapping (an artifact's); null when only Model::keep_alive
+  // holds them.
+  std::shared_ptr<const void> storage;
 };
 
 // One layer's weights by role, as its LayerDesc lists them: linears prepared for the CPU kernels, vectors
@@ -69,8 +73,8 @@ class Model {
  public:
   ModelConfig config;
   std::vector<NamedTensor> tensors;  // every weight, in load order
-  std::unique_ptr<kernels::CpuLinear> embed;    // [vocab, dim], rows gathered
-  std::unique_ptr<kernels::CpuLinear> lm_head;  // [vocab, dim]; the embedding's arrays when tied
+  std::shared_ptr<kernels::CpuLinear> embed;    // [vocab, dim], rows gathered
+  std::shared_ptr<kernels::CpuLinear> lm_head;  // [vocab, dim]; the embedding's kernel itself when tied
   std::vector<float> final_norm;                // [dim]
   std::vector<float> final_norm_bias;           // [dim] when desc.final_norm is NormKind::layer, else empty
   ModelDesc desc;                               // the family's description of config (family.h)
@@ -80,11 +84,24 @@ class Model {
   const NamedTensor* find(std::string_view name) const;
   // Keeps the storage the TensorRefs point into alive (mapped files, owned buffers, readers).
   std::vector<std::shared_ptr<const void>> keep_alive;
+  // Loaded with LoadOptions::cpu_only: the tensors whose kernels copied them have no arrays left.
+  bool stored_arrays_released = false;
+  // Errc::usage naming `user` when stored_arrays_released (the CUDA upload reads the stored arrays).
+  void require_stored_arrays(std::string_view user) const;
 
  private:
   friend class ModelBuilder;
   // tensors' positions by name: a checkpoint of 400,000 tensors is indexed in O(n log n), not compared pairwise
   std::map<std::string, size_t, std::less<>> index_;
+};
+
+struct LoadOptions {
+  std::optional<int64_t> max_seq = std::nullopt;  // caps config.max_seq (and so the KV cache a caller may allocate)
+  // Only the CPU kernels will read the weights (generate, chat, bench, serve and eval on the CPU): a tensor's
+  // stored arrays are released as soon as its kernel holds its own copy (the affine and trellis re-layouts, the
+  // decoded norm vectors), so the model holds its weights once instead of twice. The tensors keep their names,
+  // codecs and shapes; the CUDA upload, quantize and convert need the arrays and must load without this.
+  bool cpu_only = false;
 };
 
 // Collects named tensors and their storage, then validates them and prepares the kernels.
@@ -94,19 +111,19 @@ class ModelBuilder {
   void add_f32(std::string name, Shape shape, std::vector<float> values);
   // A tensor whose arrays live in storage kept alive by keep_alive().
   void add(std::string name, codec::TensorRef ref);
+  // A tensor with its own hold on its arrays (NamedTensor::storage), dropped under LoadOptions::cpu_only once a
+  // kernel has copied them.
+  void add(std::string name, codec::TensorRef ref, std::shared_ptr<const void> storage);
   void keep_alive(std::shared_ptr<const void> owner);
   bool contains(std::string_view name) const;
   // Describes the model by its family, checks that the tensors are exactly the description's (each present with
   // its shape, none left over: Errc::shape / Errc::format naming `source` and the tensor), and prepares the
-  // kernels.
-  std::unique_ptr<Model> finish(const ModelConfig& config, std::string_view source);
+  // kernels (releasing the stored arrays they copied under options.cpu_only). A tied embedding is prepared once,
+  // for both the lookup and the head.
+  std::unique_ptr<Model> finish(const ModelConfig& config, std::string_view source, const LoadOptions& options = {});
 
  private:
   std::unique_ptr<Model> model_ = std::make_unique<Model>();
-  std::shared_ptr<std::deque<std::vector<float>>> owned_ = std::make_shared<std::deque<std::vector<float>>>();
-  // aligned copies of arrays a file placed at offsets misaligned for their element type (add())
-  std::shared_ptr<std::deque<std::vector<std::byte>>> owned_bytes_ =
-      std::make_shared<std::deque<std::vector<std::byte>>>();
 };
 
 // A dense f32 TensorRef viewing `values` (which must outlive it).
@@ -120,10 +137,6 @@ std::vector<float> permute_rope_rows(std::span<const float> w, int64_t n_heads, 
 // The values of tensor t of `model` with q/k rows (weights and biases, fused qkv included) in HF's half-rotation
 // RoPE layout, whatever model.config.rope_style is; other tensors decoded as they are.
 std::vector<float> decode_half_rope(const Model& model, const NamedTensor& t);
-
-struct LoadOptions {
-  std::optional<int64_t> max_seq;  // caps config.max_seq (and so the KV cache a caller may allocate)
-};
 
 // Loads a llama2.c .bin checkpoint, a Hugging Face directory (config.json + safetensors) or a lowbit
 // artifact directory (manifest.json). The format is detected from the path (see src/model/load.cpp).
