@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <map>
 #include <memory>
 #include <random>
 #include <string>
@@ -18,56 +17,18 @@
 #include <hwy/targets.h>
 
 #include "block_kernels.h"
-#include "simd.h"
 #include "lowbit/codec/codec.h"
 #include "lowbit/core/error.h"
 #include "lowbit/core/thread_pool.h"
 #include "lowbit/kernels/cpu.h"
+#include "simd.h"
+#include "support/codec_examples.h"
 
 namespace lowbit::kernels {
 namespace {
 
 using codec::Params;
-
-// Example parameters per codec id, and the narrowest width each must handle. A codec added to the registry
-// without an entry here fails CodecsHaveExamples: add its params (every bit width / variant worth running).
-struct Example {
-  std::vector<Params> params;
-  std::vector<int64_t> widths;  // smallest legal widths first, then odd and multi-group ones
-};
-
-const std::map<std::string, Example>& examples() {
-  static const std::map<std::string, Example> table = [] {
-    std::map<std::string, Example> t;
-    t["dense"] = {{{{"dtype", "bf16"}}, {{"dtype", "f16"}}, {{"dtype", "f32"}}}, {1, 7, 64, 301}};
-    Example affine;
-    for (int bits : {2, 3, 4, 5, 6, 8})
-      affine.params.push_back({{"bits", bits}, {"group_size", 32}, {"scale_dtype", "f16"}});
-    affine.params.push_back({{"bits", 4}, {"group_size", 64}, {"scale_dtype", "bf16"}});
-    affine.params.push_back({{"bits", 3}, {"group_size", 128}, {"scale_dtype", "f32"}});
-    affine.params.push_back({{"bits", 2}, {"group_size", 128}, {"scale_dtype", "bf16"}});
-    affine.widths = {1, 31, 32, 33, 200, 544};
-    t["affine"] = affine;
-    t["offset_scale"] = {{{{"precision", "q3"}}, {{"precision", "q3_full8"}}, {{"precision", "q4"}}},
-                         {1, 63, 64, 65, 200, 544}};
-    Example two_plane;
-    for (const char* storage : {"planes", "quint5", "trit3"})
-      two_plane.params.push_back({{"storage", storage}, {"metadata", "full"}, {"scale_dtype", "bf16"}});
-    two_plane.params.push_back({{"storage", "planes"}, {"metadata", "slim"}, {"scale_dtype", "f16"}});
-    two_plane.params.push_back({{"storage", "quint5"}, {"metadata", "slim"}, {"scale_dtype", "f32"}});
-    two_plane.widths = {1, 127, 128, 129, 300};
-    t["two_plane"] = two_plane;
-    Example trellis;  // small L keeps the Viterbi encodes cheap; every rotation and scale layout
-    trellis.params.push_back({{"L", 8}, {"k", 2}, {"code", "1mad"}});
-    trellis.params.push_back({{"L", 10}, {"k", 3}, {"code", "3inst"}, {"rotate", "both"}, {"scale", "tensor"}});
-    trellis.params.push_back({{"L", 8}, {"k", 4}, {"code", "1mad"}, {"rotate", "none"}});
-    trellis.params.push_back({{"L", 9}, {"k", 1}, {"code", "3inst"}, {"rotate", "none"}, {"scale", "tensor"}});
-    trellis.widths = {1, 16, 17, 100};
-    t["trellis"] = trellis;
-    return t;
-  }();
-  return table;
-}
+using lowbit::testing::codec_examples;
 
 std::vector<float> random_values(size_t n, std::mt19937& rng, float scale = 1.0f) {
   std::normal_distribution<float> normal(0.0f, scale);
@@ -168,14 +129,14 @@ TEST(KernelRegistry, EveryCodecHasACpuKernelAndNoRowIsStale) {
 
 TEST(KernelRegistry, CodecsHaveExamples) {
   for (const codec::Codec& c : codec::all_codecs())
-    EXPECT_TRUE(examples().contains(std::string(c.id)))
-        << "codec '" << c.id << "' has no example params in tests/kernels/kernels_test.cpp";
+    EXPECT_TRUE(codec_examples().contains(std::string(c.id)))
+        << "codec '" << c.id << "' has no example params in tests/support/codec_examples.h";
 }
 
 void expect_every_codec_matches(ThreadPool& pool, std::mt19937& rng) {
   for (const codec::Codec& c : codec::all_codecs()) {
-    const auto it = examples().find(std::string(c.id));
-    if (it == examples().end()) continue;  // reported by CodecsHaveExamples
+    const auto it = codec_examples().find(std::string(c.id));
+    if (it == codec_examples().end()) continue;  // reported by CodecsHaveExamples
     for (const Params& params : it->second.params)
       for (const int64_t cols : it->second.widths)
         for (const int64_t rows : {int64_t{1}, int64_t{3}, int64_t{37}}) {
@@ -207,8 +168,8 @@ TEST(Kernels, LargeBatchCrossesTileAndChunkBoundaries) {
   ThreadPool pool(2);
   std::mt19937 rng(7);
   for (const codec::Codec& c : codec::all_codecs()) {
-    const auto it = examples().find(std::string(c.id));
-    if (it == examples().end()) continue;
+    const auto it = codec_examples().find(std::string(c.id));
+    if (it == codec_examples().end()) continue;
     const Params& params = it->second.params.front();
     const Encoded e = encode(c, params, {35, 1100}, rng);
     const auto kernel = prepare_cpu(e.ref);
@@ -221,8 +182,8 @@ TEST(Kernels, TinyAndHugeActivations) {
   ThreadPool pool(2);
   std::mt19937 rng(13);
   for (const codec::Codec& c : codec::all_codecs()) {
-    const auto it = examples().find(std::string(c.id));
-    if (it == examples().end()) continue;
+    const auto it = codec_examples().find(std::string(c.id));
+    if (it == codec_examples().end()) continue;
     const Encoded e = encode(c, it->second.params.front(), {21, 150}, rng);
     const auto kernel = prepare_cpu(e.ref);
     for (const float x_scale : {1e-30f, 1e30f})
@@ -268,8 +229,8 @@ TEST(Kernels, NonFiniteActivationsReachEveryOutput) {
   ThreadPool pool(2);
   std::mt19937 rng(11);
   for (const codec::Codec& c : codec::all_codecs()) {
-    const auto it = examples().find(std::string(c.id));
-    if (it == examples().end()) continue;
+    const auto it = codec_examples().find(std::string(c.id));
+    if (it == codec_examples().end()) continue;
     const Encoded e = encode(c, it->second.params.front(), {19, 200}, rng);
     const auto kernel = prepare_cpu(e.ref);
     for (const float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()})
@@ -288,8 +249,8 @@ TEST(Kernels, PreparedCopyOutlivesStoredArrays) {
   ThreadPool pool(2);
   std::mt19937 rng(17);
   for (const codec::Codec& c : codec::all_codecs()) {
-    const auto it = examples().find(std::string(c.id));
-    if (it == examples().end()) continue;
+    const auto it = codec_examples().find(std::string(c.id));
+    if (it == codec_examples().end()) continue;
     auto e = std::make_unique<Encoded>(encode(c, it->second.params.front(), {18, 130}, rng));
     const auto kernel = prepare_cpu(e->ref);
     if (kernel->reads_stored_arrays()) continue;
@@ -311,8 +272,8 @@ TEST(Kernels, FusedMatricesMatchTheirParts) {
   ThreadPool pool(2);
   std::mt19937 rng(99);
   for (const codec::Codec& c : codec::all_codecs()) {
-    const auto it = examples().find(std::string(c.id));
-    if (it == examples().end()) continue;
+    const auto it = codec_examples().find(std::string(c.id));
+    if (it == codec_examples().end()) continue;
     const Params& params = it->second.params.front();
     std::vector<Encoded> parts;
     for (const int64_t rows : {5, 3, 8}) parts.push_back(encode(c, params, {rows, 96}, rng));

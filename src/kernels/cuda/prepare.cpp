@@ -8,6 +8,8 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "gemm.h"
@@ -363,13 +365,22 @@ class RotatedGemmScratch {
   DeviceBuffer x_, y_;
 };
 
+// The trellis kernels decode k = 2..4 bits per step of L >= 8 state bits and rotate sides of up to kMaxRotation.
+std::string trellis_without_kernel(const codec::TensorRef& t) {
+  const codec::trellis::Layout l = codec::trellis::parse_layout(t.params, t.shape);
+  if (l.k < 2 || l.k > 4 || l.L < 8)
+    return fmt::format("[prepare_cuda] trellis k {} L {} has no CUDA kernel", l.k, l.L);
+  for (const auto& [rotated, n] : {std::pair{l.rotate_input, l.padded_cols}, std::pair{l.rotate_output, l.padded_rows}})
+    if (rotated && n > kMaxRotation)
+      return fmt::format("[prepare_cuda] trellis rotation of size {} exceeds {}", n, kMaxRotation);
+  return {};
+}
+
 class TrellisLinear final : public CudaLinear {
  public:
   explicit TrellisLinear(const codec::TensorRef& t) {
     namespace tr = codec::trellis;
-    const tr::Layout l = tr::parse_layout(t.params, t.shape);
-    if (l.k < 2 || l.k > 4 || l.L < 8)
-      fail(Errc::unsupported, "[prepare_cuda] trellis k {} L {} has no CUDA kernel", l.k, l.L);
+    const tr::Layout l = tr::parse_layout(t.params, t.shape);  // trellis_without_kernel passed it
     rows_ = l.rows;
     cols_ = l.cols;
     // A rotated side runs on the padded width: x' = R_in x [m, padded_cols], y' [m, padded_rows].
@@ -457,7 +468,6 @@ class TrellisLinear final : public CudaLinear {
   struct Rotation {
     Rotation() = default;
     Rotation(int64_t n, uint64_t seed) {
-      if (n > kMaxRotation) fail(Errc::unsupported, "[prepare_cuda] trellis rotation of size {} exceeds {}", n, kMaxRotation);
       const int64_t small = codec::hadamard::small_factor(n);
       std::vector<float> signs(static_cast<size_t>(n));
       for (int64_t i = 0; i < n; ++i) signs[static_cast<size_t>(i)] = codec::hadamard::random_sign(seed, static_cast<uint64_t>(i));
@@ -556,16 +566,11 @@ std::unique_ptr<CudaLinear> make(const codec::TensorRef& t) {
   return std::make_unique<T>(t);
 }
 
-struct CudaKernelEntry {
-  std::string_view codec_id;
-  std::unique_ptr<CudaLinear> (*prepare)(const codec::TensorRef& tensor);
-};
-
 constexpr std::array kCudaKernels{
     CudaKernelEntry{"dense", make<DenseLinear>},
     CudaKernelEntry{"affine", make<AffineLinear>},
     CudaKernelEntry{"offset_scale", prepare_offset_scale},
-    CudaKernelEntry{"trellis", make<TrellisLinear>},
+    CudaKernelEntry{"trellis", make<TrellisLinear>, trellis_without_kernel},
     CudaKernelEntry{"two_plane", make<TwoPlaneLinear>},
 };
 
@@ -649,9 +654,15 @@ uint64_t CudaExperts::weight_bytes() const {
   return bytes;
 }
 
+std::span<const CudaKernelEntry> cuda_kernel_table() { return kCudaKernels; }
+
 std::unique_ptr<CudaLinear> prepare_cuda(const codec::TensorRef& tensor) {
-  for (const auto& entry : kCudaKernels)
-    if (entry.codec_id == tensor.codec->id) return entry.prepare(tensor);
+  for (const auto& entry : kCudaKernels) {
+    if (entry.codec_id != tensor.codec->id) continue;
+    if (entry.no_kernel)
+      if (const std::string why = entry.no_kernel(tensor); !why.empty()) throw Error(Errc::unsupported, why);
+    return entry.prepare(tensor);
+  }
   fail(Errc::unsupported, "[prepare_cuda] no CUDA kernel for codec '{}'", tensor.codec->id);
 }
 
