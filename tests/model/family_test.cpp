@@ -24,22 +24,8 @@ namespace fs = std::filesystem;
 
 const fs::path kFixtures = fs::path(LOWBIT_SOURCE_DIR) / "tests/model/fixtures/families";
 
-std::vector<float> all_logits(const Model& m, const std::vector<int32_t>& tokens, ThreadPool& pool) {
-  KvCache cache(m.config, static_cast<int64_t>(tokens.size()));
-  std::vector<float> logits(tokens.size() * static_cast<size_t>(m.config.vocab));
-  forward(m, cache, tokens, 0, logits.data(), true, pool);
-  return logits;
-}
-
-// The same logits one token at a time (the decode path, reading keys and values back from the cache).
-std::vector<float> stepwise_logits(const Model& m, const std::vector<int32_t>& tokens, ThreadPool& pool) {
-  KvCache cache(m.config, static_cast<int64_t>(tokens.size()));
-  const auto vocab = static_cast<size_t>(m.config.vocab);
-  std::vector<float> logits(tokens.size() * vocab);
-  for (size_t i = 0; i < tokens.size(); ++i)
-    forward(m, cache, std::span(tokens).subspan(i, 1), static_cast<int64_t>(i), logits.data() + i * vocab, false, pool);
-  return logits;
-}
+using testing::prefill_logits;
+using testing::stepwise_logits;
 
 // max |a - b| / max(1, max |b|)
 template <class A, class B>
@@ -88,7 +74,7 @@ TEST(FamilyFixtures, LlamaShapedFamiliesMatchTransformers) {
     const Expected e = read_expected(dir / "expected.safetensors");
     const auto m = load_model(dir);
     EXPECT_EQ(m->config.arch, family);
-    EXPECT_LE(relative_error(all_logits(*m, e.tokens, pool), e.logits), 1e-4);
+    EXPECT_LE(relative_error(prefill_logits(*m, e.tokens, pool), e.logits), 1e-4);
     EXPECT_LE(relative_error(stepwise_logits(*m, e.tokens, pool), e.logits), 1e-4);
   }
 }
@@ -102,7 +88,7 @@ TEST(FamilyFixtures, LlamaGgufFromLlamaCppsConverterMatchesTransformers) {
   EXPECT_EQ(m->config.rope_scaling.kind, RopeScaling::Kind::llama3);
   EXPECT_EQ(m->config.rope_scaling.factor, 8.0);
   EXPECT_EQ(m->config.rope_scaling.original_max_position, 64);
-  EXPECT_LE(relative_error(all_logits(*m, e.tokens, pool), e.logits), 1e-4);
+  EXPECT_LE(relative_error(prefill_logits(*m, e.tokens, pool), e.logits), 1e-4);
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -467,7 +453,7 @@ TEST(FamilyOps, EveryOpMatchesTheDirectReferenceAndChangesTheLogits) {
   const std::vector<double> base_ref = reference(c, base, w, kOpTokens);
   {
     const auto m = op_model(c, base, w);
-    EXPECT_LE(relative_error(all_logits(m->model, kOpTokens, pool), base_ref), 1e-5);
+    EXPECT_LE(relative_error(prefill_logits(m->model, kOpTokens, pool), base_ref), 1e-5);
   }
   for (const Variant& v : variants()) {
     SCOPED_TRACE(v.name);
@@ -478,7 +464,7 @@ TEST(FamilyOps, EveryOpMatchesTheDirectReferenceAndChangesTheLogits) {
       EXPECT_GT(relative_error(ref, base_ref), 1e-3) << "the variant does not change the reference";
     }
     const auto m = op_model(c, d, w);
-    EXPECT_LE(relative_error(all_logits(m->model, kOpTokens, pool), ref), 1e-5);
+    EXPECT_LE(relative_error(prefill_logits(m->model, kOpTokens, pool), ref), 1e-5);
     EXPECT_LE(relative_error(stepwise_logits(m->model, kOpTokens, pool), ref), 1e-5);
   }
 }

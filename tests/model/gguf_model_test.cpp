@@ -15,6 +15,7 @@
 #include "lowbit/core/dtype.h"
 #include "lowbit/core/error.h"
 #include "lowbit/core/thread_pool.h"
+#include "model/tiny_model.h"
 #include "lowbit/model/cuda_model.h"
 #include "lowbit/model/gguf_model.h"
 
@@ -264,11 +265,7 @@ const fs::path kQuantFixtures = fs::path(LOWBIT_SOURCE_DIR) / "tests/model/fixtu
 
 std::vector<float> stepwise_logits(const Model& m, const std::vector<int32_t>& tokens) {
   ThreadPool pool(2);
-  KvCache cache(m.config, static_cast<int64_t>(tokens.size()));
-  std::vector<float> out(tokens.size() * m.config.vocab);
-  for (size_t i = 0; i < tokens.size(); ++i)
-    forward(m, cache, std::span(&tokens[i], 1), static_cast<int64_t>(i), out.data() + i * m.config.vocab, false, pool);
-  return out;
+  return testing::stepwise_logits(m, tokens, pool);
 }
 
 class GgufPacked : public ::testing::TestWithParam<std::string> {};

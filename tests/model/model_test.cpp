@@ -30,21 +30,8 @@ fs::path temp_dir(std::string_view name) {
   return dir;
 }
 
-// Logits [tokens, vocab] of every position, one decode step at a time.
-std::vector<float> stepwise_logits(const Model& m, const std::vector<int32_t>& tokens, ThreadPool& pool) {
-  KvCache cache(m.config, static_cast<int64_t>(tokens.size()));
-  std::vector<float> out(tokens.size() * m.config.vocab);
-  for (size_t i = 0; i < tokens.size(); ++i)
-    forward(m, cache, std::span(&tokens[i], 1), static_cast<int64_t>(i), out.data() + i * m.config.vocab, false, pool);
-  return out;
-}
-
-std::vector<float> prefill_logits(const Model& m, const std::vector<int32_t>& tokens, ThreadPool& pool) {
-  KvCache cache(m.config, static_cast<int64_t>(tokens.size()));
-  std::vector<float> out(tokens.size() * m.config.vocab);
-  forward(m, cache, tokens, 0, out.data(), true, pool);
-  return out;
-}
+using testing::prefill_logits;
+using testing::stepwise_logits;
 
 void expect_near(const std::vector<float>& a, const std::vector<float>& b, float tol) {
   ASSERT_EQ(a.size(), b.size());

@@ -25,24 +25,8 @@ namespace fs = std::filesystem;
 
 const fs::path kFixtures = fs::path(LOWBIT_SOURCE_DIR) / "tests/model/fixtures/families";
 
-// Logits of every position from one prefill (experts batched over the tokens routed to them).
-std::vector<float> prefill_logits(const Model& m, const std::vector<int32_t>& tokens, ThreadPool& pool) {
-  KvCache cache(m.config, static_cast<int64_t>(tokens.size()));
-  std::vector<float> logits(tokens.size() * static_cast<size_t>(m.config.vocab));
-  forward(m, cache, tokens, 0, logits.data(), true, pool);
-  return logits;
-}
-
-// The same one token at a time (decode: each token runs only its own top-k experts).
-std::vector<float> stepwise_logits(const Model& m, const std::vector<int32_t>& tokens, ThreadPool& pool) {
-  KvCache cache(m.config, static_cast<int64_t>(tokens.size()));
-  const auto vocab = static_cast<size_t>(m.config.vocab);
-  std::vector<float> logits(tokens.size() * vocab);
-  for (size_t i = 0; i < tokens.size(); ++i)
-    forward(m, cache, std::span(tokens).subspan(i, 1), static_cast<int64_t>(i), logits.data() + i * vocab, false,
-            pool);
-  return logits;
-}
+using testing::prefill_logits;
+using testing::stepwise_logits;
 
 // Greedy continuation of `tokens` for n steps, decoding one token at a time after the prefill.
 std::vector<int32_t> greedy(const Model& m, const std::vector<int32_t>& tokens, size_t n, ThreadPool& pool) {

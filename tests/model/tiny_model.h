@@ -3,12 +3,32 @@
 #pragma once
 
 #include <random>
+#include <span>
 
 #include <fmt/format.h>
 
+#include "lowbit/core/thread_pool.h"
 #include "lowbit/model/model.h"
 
 namespace lowbit::model::testing {
+
+// Logits [tokens, vocab] of every position from one prefill pass (the batched matmul kernels).
+inline std::vector<float> prefill_logits(const Model& m, const std::vector<int32_t>& tokens, ThreadPool& pool) {
+  KvCache cache(m.config, static_cast<int64_t>(tokens.size()));
+  std::vector<float> out(tokens.size() * static_cast<size_t>(m.config.vocab));
+  forward(m, cache, tokens, 0, out.data(), true, pool);
+  return out;
+}
+
+// The same one decode step at a time (matvec kernels, keys and values read back from the cache).
+inline std::vector<float> stepwise_logits(const Model& m, const std::vector<int32_t>& tokens, ThreadPool& pool) {
+  KvCache cache(m.config, static_cast<int64_t>(tokens.size()));
+  const auto vocab = static_cast<size_t>(m.config.vocab);
+  std::vector<float> out(tokens.size() * vocab);
+  for (size_t i = 0; i < tokens.size(); ++i)
+    forward(m, cache, std::span(tokens).subspan(i, 1), static_cast<int64_t>(i), out.data() + i * vocab, false, pool);
+  return out;
+}
 
 inline ModelConfig tiny_config() {
   ModelConfig c;
