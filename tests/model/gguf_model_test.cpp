@@ -15,9 +15,9 @@
 #include "lowbit/core/dtype.h"
 #include "lowbit/core/error.h"
 #include "lowbit/core/thread_pool.h"
-#include "model/tiny_model.h"
 #include "lowbit/model/cuda_model.h"
 #include "lowbit/model/gguf_model.h"
+#include "model/tiny_model.h"
 
 namespace lowbit::model {
 namespace {
