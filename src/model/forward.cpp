@@ -1,11 +1,15 @@
 // The CPU forward pass: an interpreter of the model's description (family.h), llama2.c run.c style, shapes in
 // comments. Each layer runs its op list over two registers, the residual stream x [m, dim] and the branch
-// h [m, dim]. Reductions run in run.c's order (sequential f32 sums) so that a llama2.c checkpoint reproduces
-// run.c's greedy output. The KV cache keeps every position of every layer, sliding-window layers included
-// (they only read the window); a ring cache for them is a later optimisation.
+// h [m, dim]. Each of the m rows has its place, a position in a KV cache: a prefill's rows are consecutive
+// positions of one cache, a decode step's rows (forward_rows) one position each of their own sequences' caches.
+// The linears run over all m rows at once; RoPE, the cache appends and attention run per row at its place. Reductions
+// run in run.c's order (sequential f32 sums) so that a llama2.c checkpoint reproduces run.c's greedy output. The KV
+// cache keeps every position of every layer, sliding-window layers included (they only read the window); a ring cache
+// for them is a later optimisation.
 #include <algorithm>
 #include <cmath>
 #include <numbers>
+#include <span>
 #include <vector>
 
 #include "lowbit/core/error.h"
@@ -15,6 +19,13 @@
 namespace lowbit::model {
 
 namespace {
+
+// Where row i of a pass runs: position pos of `cache`, whose keys and values it appends and attends over.
+struct RowPlace {
+  KvCache* cache;
+  int64_t pos;
+};
+using Rows = std::span<const RowPlace>;
 
 // o (n,) = norm(x (n,)) with gain w (n,) and, for LayerNorm, bias b (n,) or none. o may be x.
 void norm(float* o, const float* x, const float* w, const float* b, int64_t n, float eps, NormKind kind) {
@@ -68,29 +79,32 @@ void rope_head(float* vec, int64_t rope_dims, int64_t pos, const std::vector<flo
   }
 }
 
-// The per-head norm (when head_norm is not empty), then RoPE, of rows x [m, heads * head_dim] at positions
-// pos..pos+m-1.
-void prepare_heads(float* x, int64_t m, int64_t heads, int64_t pos, const ModelConfig& c, const ModelDesc& d,
-                   const LayerDesc& layer, const std::vector<float>& head_norm) {
+// The per-head norm (when head_norm is not empty), then RoPE, of rows x [m, heads * head_dim], each at its
+// position.
+void prepare_heads(float* x, Rows rows, int64_t heads, const ModelConfig& c, const ModelDesc& d, const LayerDesc& layer,
+                   const std::vector<float>& head_norm) {
   const AttentionSpec& a = layer.attention;
-  for (int64_t i = 0; i < m; ++i)
+  for (size_t i = 0; i < rows.size(); ++i)
     for (int64_t h = 0; h < heads; ++h) {
-      float* v = x + (i * heads + h) * c.head_dim;
+      float* v = x + (static_cast<int64_t>(i) * heads + h) * c.head_dim;
       if (!head_norm.empty()) norm(v, v, head_norm.data(), nullptr, c.head_dim, d.norm_eps, layer.norm);
-      rope_head(v, a.rope_dims, pos + i, d.rope_inv_freq[a.rope], d.rope_style);
+      rope_head(v, a.rope_dims, rows[i].pos, d.rope_inv_freq[a.rope], d.rope_style);
     }
 }
 
-// out [m, q_dim]: causal GQA attention of q [m, q_dim] at positions pos.. over the cached keys/values, with
-// the layer's scale, logit soft-cap and window.
-void attention(const ModelConfig& c, const AttentionSpec& spec, const KvCache& cache, int64_t layer, const float* q,
-               int64_t m, int64_t pos, float* out, ThreadPool& pool) {
+// out [m, q_dim]: causal GQA attention of q [m, q_dim], each row over its cache's keys/values up to its position,
+// with the layer's scale, logit soft-cap and window.
+void attention(const ModelConfig& c, const AttentionSpec& spec, Rows rows, int64_t layer, const float* q, float* out,
+               ThreadPool& pool) {
   const int64_t hd = c.head_dim, group = c.n_heads / c.n_kv_heads;
-  pool.parallel_for(static_cast<size_t>(m * c.n_heads), 1, [&](size_t b, size_t e) {
-    std::vector<float> att(static_cast<size_t>(pos + m));
+  int64_t last = 0;
+  for (const RowPlace& r : rows) last = std::max(last, r.pos);
+  pool.parallel_for(rows.size() * static_cast<size_t>(c.n_heads), 1, [&](size_t b, size_t e) {
+    std::vector<float> att(static_cast<size_t>(last + 1));
     for (size_t task = b; task < e; ++task) {
       const int64_t i = static_cast<int64_t>(task) / c.n_heads, h = static_cast<int64_t>(task) % c.n_heads;
-      const int64_t p = pos + i, kv_off = (h / group) * hd;
+      const KvCache& cache = *rows[static_cast<size_t>(i)].cache;
+      const int64_t p = rows[static_cast<size_t>(i)].pos, kv_off = (h / group) * hd;
       const int64_t first = spec.window > 0 ? std::max<int64_t>(0, p - spec.window + 1) : 0;
       const float* qh = q + (i * c.n_heads + h) * hd;
       float max = -INFINITY;
@@ -169,9 +183,10 @@ void split_rows(const std::vector<float>& fused, int64_t m, std::initializer_lis
 }
 
 // h [m, dim] = attention(h): projections, biases, q/k norms, RoPE, the cache, attention, output projection.
-void attention_op(const Model& model, const LayerDesc& desc, const LayerWeights& w, int64_t l, KvCache& cache,
-                  Scratch& s, int64_t m, int64_t pos, ThreadPool& pool) {
+void attention_op(const Model& model, const LayerDesc& desc, const LayerWeights& w, int64_t l, Rows rows, Scratch& s,
+                  ThreadPool& pool) {
   const ModelConfig& c = model.config;
+  const auto m = static_cast<int64_t>(rows.size());
   // q [m, q_dim], k and v [m, kv_dim] = h [m, dim] @ W^T (or one fused [m, q_dim + 2 kv_dim] product, split)
   if (const kernels::CpuLinear* qkv = w.linear(Role::qkv)) {
     s.fused.resize(static_cast<size_t>(m * (c.q_dim() + 2 * c.kv_dim())));
@@ -185,13 +200,14 @@ void attention_op(const Model& model, const LayerDesc& desc, const LayerWeights&
   add_bias(s.q.data(), w.vector(Role::q_bias), m);
   add_bias(s.k.data(), w.vector(Role::k_bias), m);
   add_bias(s.v.data(), w.vector(Role::v_bias), m);
-  prepare_heads(s.q.data(), m, c.n_heads, pos, c, model.desc, desc, w.vector(Role::q_norm));
-  prepare_heads(s.k.data(), m, c.n_kv_heads, pos, c, model.desc, desc, w.vector(Role::k_norm));
+  prepare_heads(s.q.data(), rows, c.n_heads, c, model.desc, desc, w.vector(Role::q_norm));
+  prepare_heads(s.k.data(), rows, c.n_kv_heads, c, model.desc, desc, w.vector(Role::k_norm));
   for (int64_t i = 0; i < m; ++i) {
-    std::copy_n(s.k.data() + i * c.kv_dim(), c.kv_dim(), cache.key(l, pos + i));
-    std::copy_n(s.v.data() + i * c.kv_dim(), c.kv_dim(), cache.value(l, pos + i));
+    const RowPlace& r = rows[static_cast<size_t>(i)];
+    std::copy_n(s.k.data() + i * c.kv_dim(), c.kv_dim(), r.cache->key(l, r.pos));
+    std::copy_n(s.v.data() + i * c.kv_dim(), c.kv_dim(), r.cache->value(l, r.pos));
   }
-  attention(c, desc.attention, cache, l, s.q.data(), m, pos, s.att.data(), pool);
+  attention(c, desc.attention, rows, l, s.q.data(), s.att.data(), pool);
   // h [m, dim] = att [m, q_dim] @ Wo^T (+ o_bias)
   w.linear(Role::o)->matmul(s.att.data(), m, s.h.data(), pool);
   add_bias(s.h.data(), w.vector(Role::o_bias), m);
@@ -247,9 +263,9 @@ void route_row(const float* logits, const MoeSpec& spec, std::vector<float>& p, 
 }
 
 // h [m, dim] = moe(h): each row routed to its top-k experts; then, expert by expert, the rows routed to it are
-// gathered [r, dim], run through its gated MLP as one batch (prefill: one matmul per expert, not per token;
-// experts no row chose are not touched), and added into the output weighted, in expert order as transformers
-// adds them.
+// gathered [r, dim], run through its gated MLP as one batch (a prefill's tokens or a decode step's sequences: one
+// matmul per expert, not per row; experts no row chose are not touched), and added into the output weighted, in
+// expert order as transformers adds them.
 void moe_op(const ModelConfig& c, const LayerDesc& desc, const LayerWeights& w, Scratch& s, int64_t m,
             ThreadPool& pool) {
   const MoeSpec& spec = desc.moe;
@@ -291,8 +307,9 @@ void moe_op(const ModelConfig& c, const LayerDesc& desc, const LayerWeights& w, 
   std::copy(out.begin(), out.end(), s.h.begin());
 }
 
-void run_layer(const Model& model, int64_t l, KvCache& cache, Scratch& s, int64_t m, int64_t pos, ThreadPool& pool) {
+void run_layer(const Model& model, int64_t l, Rows rows, Scratch& s, ThreadPool& pool) {
   const ModelConfig& c = model.config;
+  const auto m = static_cast<int64_t>(rows.size());
   const LayerDesc& desc = model.desc.layers[l];
   const LayerWeights& w = model.layers[l];
   for (const Op& op : desc.ops) {
@@ -304,7 +321,7 @@ void run_layer(const Model& model, int64_t l, KvCache& cache, Scratch& s, int64_
         norm_rows(s.h.data(), in.data(), w.vector(op.weight), bias, m, c.dim, model.desc.norm_eps, desc.norm);
         break;
       }
-      case Op::Kind::attention: attention_op(model, desc, w, l, cache, s, m, pos, pool); break;
+      case Op::Kind::attention: attention_op(model, desc, w, l, rows, s, pool); break;
       case Op::Kind::mlp: mlp_op(c, desc, w, s, m, pool); break;
       case Op::Kind::moe: moe_op(c, desc, w, s, m, pool); break;
       case Op::Kind::add:
@@ -314,40 +331,83 @@ void run_layer(const Model& model, int64_t l, KvCache& cache, Scratch& s, int64_
   }
 }
 
+// Runs hidden states x [m, dim] of rows at their places through layers [layer_begin, layer_end), in place.
+void run_layers(const Model& model, Rows rows, float* x, int64_t layer_begin, int64_t layer_end, ThreadPool& pool) {
+  const ModelConfig& c = model.config;
+  if (layer_begin < 0 || layer_begin > layer_end || layer_end > c.n_layers)
+    fail(Errc::internal, "[forward] layers {}..{} outside 0..{}", layer_begin, layer_end, c.n_layers);
+  const auto m = static_cast<int64_t>(rows.size());
+  Scratch s(c, m);
+  std::copy_n(x, m * c.dim, s.x.data());
+  for (int64_t l = layer_begin; l < layer_end; ++l) run_layer(model, l, rows, s, pool);
+  std::copy_n(s.x.data(), m * c.dim, x);
+}
+
+// Consecutive positions pos..pos+m-1 of one cache: a prefill's rows.
+std::vector<RowPlace> consecutive(KvCache& cache, int64_t m, int64_t pos) {
+  if (m < 1 || pos < 0 || pos + m > cache.capacity())
+    fail(Errc::limit, "[forward] positions {}..{} exceed the context of {}", pos, pos + m, cache.capacity());
+  std::vector<RowPlace> rows(static_cast<size_t>(m));
+  for (int64_t i = 0; i < m; ++i) rows[static_cast<size_t>(i)] = {&cache, pos + i};
+  return rows;
+}
+
+// x [m, dim] = the embeddings of tokens (scaled by the family's embed_scale).
+std::vector<float> embed(const Model& model, std::span<const int32_t> tokens) {
+  std::vector<float> x(tokens.size() * static_cast<size_t>(model.config.dim));
+  model.embed->gather_rows(tokens, x.data());
+  if (model.desc.embed_scale != 1.0f)
+    for (float& val : x) val *= model.desc.embed_scale;
+  return x;
+}
+
+// logits [rows, vocab] = norm(x [rows, dim]) @ Wlm^T, soft-capped where the family says.
+void head(const Model& model, const float* x, int64_t rows, float* logits, ThreadPool& pool) {
+  const ModelConfig& c = model.config;
+  const ModelDesc& d = model.desc;
+  std::vector<float> xn(static_cast<size_t>(rows * c.dim));
+  norm_rows(xn.data(), x, model.final_norm, model.final_norm_bias, rows, c.dim, d.norm_eps, d.final_norm);
+  model.lm_head->matmul(xn.data(), rows, logits, pool);
+  if (d.final_softcap > 0.0f)
+    for (int64_t j = 0; j < rows * c.vocab; ++j) logits[j] = d.final_softcap * std::tanh(logits[j] / d.final_softcap);
+}
+
 }  // namespace
 
 void forward_layers(const Model& model, KvCache& cache, float* x, int64_t m, int64_t pos, int64_t layer_begin,
                     int64_t layer_end, ThreadPool& pool) {
-  const ModelConfig& c = model.config;
-  if (m < 1 || pos < 0 || pos + m > cache.capacity())
-    fail(Errc::limit, "[forward] positions {}..{} exceed the context of {}", pos, pos + m, cache.capacity());
-  if (layer_begin < 0 || layer_begin > layer_end || layer_end > c.n_layers)
-    fail(Errc::internal, "[forward] layers {}..{} outside 0..{}", layer_begin, layer_end, c.n_layers);
-  Scratch s(c, m);
-  std::copy_n(x, m * c.dim, s.x.data());
-  for (int64_t l = layer_begin; l < layer_end; ++l) run_layer(model, l, cache, s, m, pos, pool);
-  std::copy_n(s.x.data(), m * c.dim, x);
+  run_layers(model, consecutive(cache, m, pos), x, layer_begin, layer_end, pool);
 }
 
 void forward(const Model& model, KvCache& cache, std::span<const int32_t> tokens, int64_t pos, float* logits,
              bool all_logits, ThreadPool& pool) {
   if (model.device) return model.device->forward(cache, tokens, pos, logits, all_logits);
-  const ModelConfig& c = model.config;
-  const ModelDesc& d = model.desc;
   const auto m = static_cast<int64_t>(tokens.size());
-  std::vector<float> x(static_cast<size_t>(m * c.dim));
-  model.embed->gather_rows(tokens, x.data());  // x [m, dim]
-  if (d.embed_scale != 1.0f)
-    for (float& val : x) val *= d.embed_scale;
-  forward_layers(model, cache, x.data(), m, pos, 0, c.n_layers, pool);
-  // logits [rows, vocab] = norm(x)[rows] @ Wlm^T, for every row or just the last one
-  const int64_t first = all_logits ? 0 : m - 1, rows = m - first;
-  std::vector<float> xn(static_cast<size_t>(rows * c.dim));
-  norm_rows(xn.data(), x.data() + first * c.dim, model.final_norm, model.final_norm_bias, rows, c.dim, d.norm_eps,
-            d.final_norm);
-  model.lm_head->matmul(xn.data(), rows, logits, pool);
-  if (d.final_softcap > 0.0f)
-    for (int64_t j = 0; j < rows * c.vocab; ++j) logits[j] = d.final_softcap * std::tanh(logits[j] / d.final_softcap);
+  const std::vector<RowPlace> rows = consecutive(cache, m, pos);
+  std::vector<float> x = embed(model, tokens);
+  run_layers(model, rows, x.data(), 0, model.config.n_layers, pool);
+  // every row's logits, or just the last one's
+  const int64_t first = all_logits ? 0 : m - 1;
+  head(model, x.data() + first * model.config.dim, m - first, logits, pool);
+}
+
+void forward_rows(const Model& model, std::span<KvCache* const> caches, std::span<const int32_t> tokens,
+                  std::span<const int64_t> pos, float* logits, ThreadPool& pool) {
+  if (model.device) fail(Errc::usage, "[forward_rows] runs on the CPU; the model runs through use_device()");
+  if (tokens.empty() || caches.size() != tokens.size() || pos.size() != tokens.size())
+    fail(Errc::internal, "[forward_rows] {} tokens, {} caches, {} positions: expected as many, at least one",
+         tokens.size(), caches.size(), pos.size());
+  std::vector<RowPlace> rows(tokens.size());
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if (!caches[i]) fail(Errc::internal, "[forward_rows] row {} has no cache", i);
+    if (pos[i] < 0 || pos[i] >= caches[i]->capacity())
+      fail(Errc::limit, "[forward_rows] row {}: position {} outside the context of {}", i, pos[i],
+           caches[i]->capacity());
+    rows[i] = {caches[i], pos[i]};
+  }
+  std::vector<float> x = embed(model, tokens);
+  run_layers(model, rows, x.data(), 0, model.config.n_layers, pool);
+  head(model, x.data(), static_cast<int64_t>(rows.size()), logits, pool);
 }
 
 }  // namespace lowbit::model

@@ -5,7 +5,8 @@
 // Each model written back as an HF directory must give the same logits again. A directory that also holds
 // model.gguf (the same weights as llama.cpp's converter writes them) must give the
 // same logits from the GGUF, or those of expected_gguf.safetensors where llama.cpp reads the GGUF as a slightly
-// different model (the gemmas: no query_pre_attn_scalar in GGUF, gemma3's default layer pattern).
+// different model (the gemmas: no query_pre_attn_scalar in GGUF, gemma3's default layer pattern). Sequences decoded
+// together through forward_rows() must equal each one decoded alone.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -20,6 +21,7 @@
 #include "lowbit/model/hf.h"
 #include "lowbit/model/model.h"
 #include "model/family_fixtures.h"
+#include "model/tiny_model.h"
 
 namespace lowbit::model {
 namespace {
@@ -73,6 +75,26 @@ TEST_P(FamilyFixture, MatchesTransformers) {
   if (!fs::exists(dir / "model.gguf")) return;
   check_model(*load_model(dir / "model.gguf", options), testing::family_expected_for(dir, true),
               GetParam() + " (GGUF)");
+}
+
+// A serving engine's decode step: sequences at different positions of their own caches in one forward_rows()
+// (batched matmuls over the rows), each row equal to its sequence run alone (forward() of one token: matvec),
+// step after step, so each row's keys and values went to its own cache at its own position.
+TEST_P(FamilyFixture, DecodeRowsTogetherEqualEachAlone) {
+  const FamilyExpected e = testing::family_expected_for(kFamilyFixtures / GetParam(), false);
+  const auto ctx = static_cast<int64_t>(e.tokens.size() + e.greedy.size());
+  const auto m = load_model(kFamilyFixtures / GetParam(), LoadOptions{ctx});
+  ThreadPool pool(2);
+  const auto prefix = [&](size_t n) { return std::vector<int32_t>(e.tokens.begin(), e.tokens.begin() + n); };
+  const size_t n = e.tokens.size();
+  // the whole prompt, half of it, one token, and the whole prompt again (two rows at one position)
+  const std::vector<std::vector<int32_t>> prompts{prefix(n), prefix(n / 2), prefix(1), prefix(n)};
+  const int steps = static_cast<int>(e.greedy.size());
+  ASSERT_GE(steps, 2) << GetParam();
+  const testing::RowsAndAlone r = testing::decode_rows_and_alone(*m, prompts, steps, pool);
+  const double rel = testing::max_relative_diff(r.rows, r.alone);
+  std::cout << "[ rows     ] " << GetParam() << ": max |rows - alone| / max |alone| = " << rel << "\n";
+  EXPECT_LE(rel, 1e-5) << GetParam();
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, FamilyFixture, ::testing::ValuesIn(testing::family_fixture_dirs()),

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include "lowbit/core/error.h"
@@ -53,6 +54,47 @@ TEST(Forward, PrefillMatchesDecodeForEveryArchitectureFlag) {
     const auto m = testing::tiny_model(c, 7 + variant);
     expect_near(prefill_logits(*m, kTokens, pool), stepwise_logits(*m, kTokens, pool), 1e-5f);
   }
+}
+
+TEST(Forward, RowsTogetherEqualEachAloneForEveryArchitectureFlag) {
+  ThreadPool pool(3);
+  // rows at positions 11, 1, 4 and 11 of their own caches, then 5 decode steps
+  const std::vector<std::vector<int32_t>> prompts{kTokens, {3}, {8, 8, 1, 6}, {31, 0, 4, 4, 9, 2, 7, 1, 1, 5, 20}};
+  for (int variant = 0; variant < 4; ++variant) {
+    ModelConfig c = testing::tiny_config();
+    c.qkv_bias = variant == 1;
+    if (variant == 2) c.arch = "qwen3";  // q/k norms
+    c.tied_embeddings = variant == 3;
+    c.rope_style = variant == 3 ? RopeStyle::interleaved : RopeStyle::half;
+    const auto m = testing::tiny_model(c, 7 + variant);
+    const testing::RowsAndAlone r = testing::decode_rows_and_alone(*m, prompts, 5, pool);
+    expect_near(r.rows, r.alone, 1e-5f);
+    // One row is forward() itself: the same kernels, the same sums.
+    const testing::RowsAndAlone one = testing::decode_rows_and_alone(*m, {{1, 2}}, 2, pool);
+    EXPECT_EQ(one.rows, one.alone);
+  }
+}
+
+TEST(Forward, RowsRejectPositionsBeyondTheirCacheAndMismatchedSpans) {
+  ThreadPool pool(1);
+  const auto m = testing::tiny_model(testing::tiny_config());
+  KvCache a(m->config, 4), b(m->config, 2);
+  std::vector<KvCache*> caches{&a, &b};
+  std::vector<float> logits(2 * static_cast<size_t>(m->config.vocab));
+  const std::vector<int32_t> tokens{1, 2};
+  const auto code = [&](std::vector<KvCache*> cs, std::vector<int64_t> pos) -> std::optional<Errc> {
+    try {
+      forward_rows(*m, cs, tokens, pos, logits.data(), pool);
+    } catch (const Error& e) {
+      return e.code();
+    }
+    return std::nullopt;
+  };
+  EXPECT_EQ(code(caches, {3, 1}), std::nullopt);
+  EXPECT_EQ(code(caches, {3, 2}), Errc::limit);  // b holds positions 0..1
+  EXPECT_EQ(code(caches, {-1, 0}), Errc::limit);
+  EXPECT_EQ(code(caches, {0}), Errc::internal);
+  EXPECT_EQ(code({&a, nullptr}, {0, 0}), Errc::internal);
 }
 
 TEST(Forward, LogitsDependOnContext) {

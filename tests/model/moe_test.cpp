@@ -1,7 +1,8 @@
 // Mixture-of-Experts families (issue 20). Their transformers fixtures (HF and GGUF) run in family_fixture_test.cpp
 // with every family's; here: their 4-bit mlx-lm checkpoints (tests/model/fixtures/mlx, stacked switch_mlp experts)
 // against mlx-lm's logits, one token at a time too; the
-// description's expert tensors and dense layers; batching tokens per expert equal to one token at a time; the
+// description's expert tensors and dense layers; batching tokens per expert (a prefill's, or a decode step's rows of
+// several sequences) equal to one token at a time; the
 // refusals of MoE numbers that do not fit.
 #include <gtest/gtest.h>
 
@@ -127,6 +128,19 @@ TEST(MoeForward, ExpertsBatchedOverAPrefillEqualOneTokenAtATime) {
   for (const NamedTensor& t : m->tensors) b.add(t.name, t.ref);
   b.keep_alive(std::shared_ptr<const void>(m.get(), [](const void*) {}));
   EXPECT_GT(testing::max_relative_diff(prefill_logits(*b.finish(c, "renormalised"), tokens, pool), prefill), 1e-3);
+}
+
+TEST(MoeForward, DecodeRowsTogetherEqualEachAlone) {
+  ThreadPool pool(2);
+  ModelConfig c = parse_hf_config(qwen3_moe_json(), "cfg.json");
+  c.max_seq = 32;
+  const auto m = testing::tiny_model(c, 11);
+  // six sequences, so that an expert gets several rows of a step and some none
+  std::vector<std::vector<int32_t>> prompts;
+  for (int32_t i = 0; i < 6; ++i)
+    prompts.push_back(std::vector<int32_t>(static_cast<size_t>(1 + 2 * i), (i * 13 + 3) % 64));
+  const testing::RowsAndAlone r = testing::decode_rows_and_alone(*m, prompts, 4, pool);
+  EXPECT_LE(testing::max_relative_diff(r.rows, r.alone), 1e-5);
 }
 
 TEST(MoeConfig, NumbersThatDoNotFitAreRefusedNamingTheField) {

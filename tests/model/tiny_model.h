@@ -2,6 +2,7 @@
 // conversion and eval.
 #pragma once
 
+#include <memory>
 #include <random>
 #include <span>
 
@@ -27,6 +28,44 @@ inline std::vector<float> stepwise_logits(const Model& m, const std::vector<int3
   std::vector<float> out(tokens.size() * vocab);
   for (size_t i = 0; i < tokens.size(); ++i)
     forward(m, cache, std::span(tokens).subspan(i, 1), static_cast<int64_t>(i), out.data() + i * vocab, false, pool);
+  return out;
+}
+
+// The logits [steps, sequences, vocab] of `steps` decode steps of several sequences, two ways: all sequences in
+// one forward_rows() per step (one batched matmul per linear) and each alone in forward() (m = 1, matvec). Each
+// prompt is first prefilled into a cache of its own for either way, so rows sit at different positions of
+// different caches; in step s row i runs token (7 s + 3 i + 1) mod vocab, the same both ways.
+struct RowsAndAlone {
+  std::vector<float> rows, alone;
+};
+inline RowsAndAlone decode_rows_and_alone(const Model& m, const std::vector<std::vector<int32_t>>& prompts, int steps,
+                                          ThreadPool& pool) {
+  const auto vocab = static_cast<size_t>(m.config.vocab);
+  const size_t n = prompts.size();
+  std::vector<std::unique_ptr<KvCache>> together, alone;
+  std::vector<KvCache*> caches;
+  std::vector<float> last(vocab);
+  for (const auto& p : prompts) {
+    together.push_back(std::make_unique<KvCache>(m.config, m.config.max_seq));
+    alone.push_back(std::make_unique<KvCache>(m.config, m.config.max_seq));
+    forward(m, *together.back(), p, 0, last.data(), false, pool);
+    forward(m, *alone.back(), p, 0, last.data(), false, pool);
+    caches.push_back(together.back().get());
+  }
+  RowsAndAlone out{std::vector<float>(static_cast<size_t>(steps) * n * vocab),
+                   std::vector<float>(static_cast<size_t>(steps) * n * vocab)};
+  std::vector<int32_t> tokens(n);
+  std::vector<int64_t> pos(n);
+  for (int s = 0; s < steps; ++s) {
+    for (size_t i = 0; i < n; ++i) {
+      tokens[i] = static_cast<int32_t>((7 * static_cast<size_t>(s) + 3 * i + 1) % vocab);
+      pos[i] = static_cast<int64_t>(prompts[i].size()) + s;
+    }
+    const size_t step = static_cast<size_t>(s) * n * vocab;
+    forward_rows(m, caches, tokens, pos, out.rows.data() + step, pool);
+    for (size_t i = 0; i < n; ++i)
+      forward(m, *alone[i], std::span(tokens).subspan(i, 1), pos[i], out.alone.data() + step + i * vocab, false, pool);
+  }
   return out;
 }
 

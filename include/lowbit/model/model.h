@@ -158,6 +158,14 @@ std::unique_ptr<Tokenizer> load_tokenizer_for(const Model& model, const std::fil
 void forward(const Model& model, KvCache& cache, std::span<const int32_t> tokens, int64_t pos, float* logits,
              bool all_logits, ThreadPool& pool);
 
+// One decode step of m sequences together: row i runs tokens[i] at position pos[i] of its own *caches[i],
+// appending its keys and values there and attending over that cache alone; logits is [m, vocab]. The linears run
+// once over all m rows (m > 1: the batched matmul kernels, as a prefill, so the weights are read once per step,
+// not once per sequence); norms, RoPE, the cache appends and attention run row by row. Each row's logits are those
+// of forward() of that token alone, up to the rounding difference between matmul and matvec. CPU only.
+void forward_rows(const Model& model, std::span<KvCache* const> caches, std::span<const int32_t> tokens,
+                  std::span<const int64_t> pos, float* logits, ThreadPool& pool);
+
 // Runs hidden states x [m, dim] of tokens at positions pos..pos+m-1 through layers [layer_begin, layer_end), in
 // place, appending those layers' keys and values to the cache. The quantizer's calibration goes layer by layer
 // through it, so that each layer sees the already-quantized layers before it.
