@@ -27,15 +27,24 @@ class CpuEngineBackend final : public EngineBackend {
     forward(model_, cache(slot), tokens, pos, logits, false, pool_);
   }
 
-  // forward() runs one sequence per call, so a step is one matvec pass per row. A multi-sequence forward (the
-  // rows' linears as one batched matmul, attention per row over its own cache) would replace this loop.
+  // All rows in one forward_rows(): each linear is one batched matmul over the rows, so a step reads the weights
+  // once however many sequences it decodes; attention runs per row over its slot's cache.
   void decode(std::span<const int32_t> tokens, std::span<const int32_t> pos, std::span<const int32_t> slot,
               std::span<float* const> logits, std::span<int32_t> next) override {
-    scratch_.resize(static_cast<size_t>(model_.config.vocab));
-    for (size_t i = 0; i < tokens.size(); ++i) {
-      float* out = logits[i] ? logits[i] : scratch_.data();
-      forward(model_, cache(slot[i]), tokens.subspan(i, 1), pos[i], out, false, pool_);
-      next[i] = argmax(std::span<const float>(out, scratch_.size()));
+    const auto vocab = static_cast<size_t>(model_.config.vocab);
+    const size_t m = tokens.size();
+    caches_of_rows_.resize(m);
+    pos_of_rows_.resize(m);
+    for (size_t i = 0; i < m; ++i) {
+      caches_of_rows_[i] = &cache(slot[i]);
+      pos_of_rows_[i] = pos[i];
+    }
+    rows_logits_.resize(m * vocab);
+    forward_rows(model_, caches_of_rows_, tokens, pos_of_rows_, rows_logits_.data(), pool_);
+    for (size_t i = 0; i < m; ++i) {
+      const std::span<const float> row(rows_logits_.data() + i * vocab, vocab);
+      next[i] = argmax(row);
+      if (logits[i]) std::copy(row.begin(), row.end(), logits[i]);
     }
   }
 
@@ -51,7 +60,10 @@ class CpuEngineBackend final : public EngineBackend {
   int64_t capacity_;
   ThreadPool& pool_;
   std::vector<std::unique_ptr<KvCache>> caches_;
-  std::vector<float> scratch_;  // [vocab]: the logits of rows that only need their argmax
+  // a decode step's rows: their caches, positions and logits [rows, vocab]
+  std::vector<KvCache*> caches_of_rows_;
+  std::vector<int64_t> pos_of_rows_;
+  std::vector<float> rows_logits_;
 };
 
 // Log-softmax of `logits` at `token`, and the `top` most likely tokens with theirs.
