@@ -3,6 +3,7 @@
 // --json on stdout.
 #include <chrono>
 #include <cstdio>
+#include <memory>
 #include <optional>
 #include <random>
 #include <string>
@@ -56,30 +57,49 @@ uint64_t matmul_bytes(const model::Model& m) {
   return bytes;
 }
 
-// Batch 1 on the CPU kernels: one prefill forward of the prompt, then greedy decode steps.
-model::Speed measure_cpu(const model::Model& m, const Args& a) {
+// On the CPU kernels, per batch size B: B sequences, each prefilled with the same random prompt (one forward()
+// each), then greedy decode steps of all B together (forward_rows: each linear one batched matmul over the B rows,
+// attention per row; B = 1 is forward() of one token, the matvec path).
+std::vector<model::Speed> measure_cpu(const model::Model& m, const Args& a) {
   const int64_t ctx = a.prompt + a.steps;
   if (ctx > m.config.max_seq) fail(Errc::usage, "[bench] prompt + steps = {} exceed the context of {}", ctx, m.config.max_seq);
   std::mt19937_64 rng(1);
   std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(m.config.vocab - 1));
   std::vector<int32_t> prompt(static_cast<size_t>(a.prompt));
   for (auto& t : prompt) t = token(rng);
-  model::KvCache cache(m.config, ctx);
-  std::vector<float> logits(static_cast<size_t>(m.config.vocab));
-  auto t0 = Clock::now();
-  model::forward(m, cache, prompt, 0, logits.data(), false, default_pool());
-  model::Speed s;
-  s.prefill_tokens_per_s = static_cast<double>(a.prompt) / seconds_since(t0);
-  t0 = Clock::now();
-  for (int64_t i = 0; i < a.steps; ++i) {
-    const int32_t next = model::argmax(logits);
-    model::forward(m, cache, std::span(&next, 1), a.prompt + i, logits.data(), false, default_pool());
+  const auto vocab = static_cast<size_t>(m.config.vocab);
+  std::vector<model::Speed> out;
+  for (const int batch : a.batches) {
+    const auto b = static_cast<size_t>(batch);
+    std::vector<std::unique_ptr<model::KvCache>> owned;
+    std::vector<model::KvCache*> caches;
+    std::vector<float> logits(b * vocab);
+    model::Speed s;
+    s.batch = batch;
+    auto t0 = Clock::now();
+    for (size_t i = 0; i < b; ++i) {
+      owned.push_back(std::make_unique<model::KvCache>(m.config, ctx));
+      caches.push_back(owned.back().get());
+      model::forward(m, *caches.back(), prompt, 0, logits.data() + i * vocab, false, default_pool());
+    }
+    s.prefill_tokens_per_s = static_cast<double>(a.prompt) * static_cast<double>(b) / seconds_since(t0);
+    std::vector<int32_t> next(b);
+    std::vector<int64_t> pos(b);
+    t0 = Clock::now();
+    for (int64_t step = 0; step < a.steps; ++step) {
+      for (size_t i = 0; i < b; ++i) {
+        next[i] = model::argmax(std::span<const float>(logits.data() + i * vocab, vocab));
+        pos[i] = a.prompt + step;
+      }
+      model::forward_rows(m, caches, next, pos, logits.data(), default_pool());
+    }
+    const double seconds = seconds_since(t0);
+    s.decode_tokens_per_s = static_cast<double>(a.steps) * static_cast<double>(b) / seconds;
+    s.ms_per_step = 1e3 * seconds / static_cast<double>(a.steps);
+    s.weight_bytes = matmul_bytes(m);
+    out.push_back(s);
   }
-  const double seconds = seconds_since(t0);
-  s.decode_tokens_per_s = static_cast<double>(a.steps) / seconds;
-  s.ms_per_step = 1e3 * seconds / static_cast<double>(a.steps);
-  s.weight_bytes = matmul_bytes(m);
-  return s;
+  return out;
 }
 
 model::KvType kv_type(const std::string& name) {
@@ -119,8 +139,7 @@ std::vector<Row> measure(const Args& a) {
     return rows;
   }
   if (a.device != "cpu") fail(Errc::usage, "[bench] --device {}: expected cpu or cuda", a.device);
-  if (a.batches != std::vector<int>{1}) fail(Errc::usage, "[bench] batches above 1 need --device cuda");
-  rows.push_back({*a.model, "", measure_cpu(*m, a)});
+  for (const model::Speed& speed : measure_cpu(*m, a)) rows.push_back({*a.model, "", speed});
   return rows;
 }
 
@@ -166,7 +185,7 @@ void setup(CLI::App& root) {
   cmd->add_option("--codec", args->codecs, "Synthetic codecs: bf16, affine4, trellis2, trellis3 (comma list)")
       ->delimiter(',');
   cmd->add_option("--layers", args->layers, "Synthetic depth (default: the shape's)");
-  cmd->add_option("--batch", args->batches, "Decode batch sizes, 1..16 (comma list; above 1 GPU only)")
+  cmd->add_option("--batch", args->batches, "Decode batch sizes, 1..16 (comma list)")
       ->delimiter(',')
       ->check(CLI::Range(1, 16));
   cmd->add_option("--prompt", args->prompt, "Prompt tokens for prefill")->check(CLI::PositiveNumber)->capture_default_str();

@@ -1,6 +1,6 @@
 // --device selection without a GPU: "cpu" keeps the CPU forward, "cuda" in a build without CUDA is a one-line
-// usage error (exit 2 from the CLI), and `lowbit bench` measures the CPU path. The GPU runtime itself is tested
-// in tests/cuda.
+// usage error (exit 2 from the CLI), and `lowbit bench` measures the CPU path (decode batches through
+// forward_rows). The GPU runtime itself is tested in tests/cuda.
 #include <gtest/gtest.h>
 
 #include <sys/wait.h>
@@ -97,13 +97,16 @@ TEST(StackRows, StacksRowsOfOneCodecAndRefusesMixedParameters) {
 TEST(Bench, CpuReportsPrefillAndDecodeSpeed) {
   const fs::path bin = fs::path(LOWBIT_SHARED_DIR) / "models" / "stories260K" / "stories260K.bin";
   if (!fs::exists(bin)) GTEST_SKIP() << "../shared/models/stories260K is absent";
-  const auto [status, out] = run_cli("bench " + bin.string() + " --prompt 8 -n 4 --threads 1 --json");
+  const auto [status, out] = run_cli("bench " + bin.string() + " --prompt 8 -n 4 --threads 1 --batch 1,3 --json");
   ASSERT_EQ(status, 0) << out;
   const auto j = nlohmann::json::parse(out);
-  ASSERT_EQ(j["rows"].size(), 1u);
-  EXPECT_GT(j["rows"][0]["prefill_tokens_per_s"].get<double>(), 0.0);
-  EXPECT_GT(j["rows"][0]["decode_tokens_per_s"].get<double>(), 0.0);
-  EXPECT_EQ(run_cli("bench " + bin.string() + " --batch 2").first, 2);
+  ASSERT_EQ(j["rows"].size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(j["rows"][i]["batch"].get<int>(), i == 0 ? 1 : 3);
+    EXPECT_GT(j["rows"][i]["prefill_tokens_per_s"].get<double>(), 0.0);
+    EXPECT_GT(j["rows"][i]["decode_tokens_per_s"].get<double>(), 0.0);
+  }
+  EXPECT_EQ(run_cli("bench " + bin.string() + " --batch 17").first, 2);
 }
 
 }  // namespace
