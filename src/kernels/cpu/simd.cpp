@@ -169,6 +169,10 @@ constexpr size_t kTileRows = 16;
 void tiled_matmul(size_t rows, size_t k_len, size_t k_chunk, const DecodeTile& decode, const float* x,
                   size_t x_stride, size_t m, float* y, size_t y_stride, ThreadPool& pool) {
   const size_t tiles = (rows + kTileRows - 1) / kTileRows;
+  // Scratch no wider than a row: a small model's rows (64 columns) would otherwise zero 16 x 1024 floats per chunk
+  // of every matmul, which costs more than its few-row decode steps' arithmetic. k_len is whole rows, so still a
+  // multiple of the decode block.
+  k_chunk = std::min(k_chunk, k_len);
   pool.parallel_for(tiles, 1, [&](size_t t0, size_t t1) {
     std::vector<float> scratch(kTileRows * k_chunk);
     std::vector<float> acc(m * kTileRows);
