@@ -10,6 +10,8 @@ packages=(
   libpcre2-dev libsentencepiece-dev libicu-dev libcpp-httplib-dev
   clang libclang-rt-14-dev clang-format jq
   zlib1g-dev
+  # lowbit transcribe: WAV and FLAC input (libsndfile) resampled to the model's rate (libsoxr)
+  libsndfile1-dev libsoxr-dev
   # the lowbit Python package (python/): its extension module and the pytest suite ctest runs
   pybind11-dev python3-dev python3-pytest
   # lowbit quantize's default calibration text: /usr/share/debian-reference/debian-reference.en.txt.gz
