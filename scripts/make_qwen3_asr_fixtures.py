@@ -1,0 +1,206 @@
+#!/usr/bin/env python3
+"""Random-weight Qwen3-ASR model and the reference outputs lowbit transcribe is tested against (issue 24).
+
+Builds transformers' Qwen3ASRForConditionalGeneration (transformers >= 5, CPU torch) with the real config's
+structure cut to 2 encoder and 2 decoder layers and small widths, weights redrawn from a fixed seed at scales that
+give clear greedy margins, and saves it as an HF directory under .cache/qwen3_asr_fixture (git-ignored: models
+are never committed) with the Qwen3 tokenizer of ../shared/tokenizers/qwen3 plus Qwen3-ASR's audio tokens.
+Speech comes from espeak-ng (Debian), resampled to 16 kHz with python-soxr and stored as 16-bit PCM.
+
+Committed under tests/model/fixtures/qwen3_asr/: speech.wav and expected.json, which holds slices of the
+reference's log-mel features and projected encoder output, the prompt ids and the greedy token ids. The prompt is
+mlx_audio's Qwen3-ASR prompt (the original implementation's): an empty system turn, the audio placeholders, the
+assistant turn.
+
+Usage: scripts/make_qwen3_asr_fixtures.py [--model-only]   (--model-only rewrites only the git-ignored model,
+which the same seed makes identical; expected.json records its weights' SHA-256 to prove it)
+"""
+import argparse
+import hashlib
+import json
+import pathlib
+import shutil
+import subprocess
+import tempfile
+import wave
+
+import numpy as np
+import soxr
+import torch
+import transformers
+from transformers import Qwen3ASRConfig, Qwen3ASRFeatureExtractor, Qwen3ASRForConditionalGeneration
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+MODEL_DIR = ROOT / ".cache" / "qwen3_asr_fixture"
+FIXTURES = ROOT / "tests" / "model" / "fixtures" / "qwen3_asr"
+TOKENIZER = ROOT.parent / "shared" / "tokenizers" / "qwen3"
+if not TOKENIZER.exists():
+    TOKENIZER = ROOT / ".." / ".." / "shared" / "tokenizers" / "qwen3"
+SEED = 24
+TEXT = "Hello world, this is a test of lowbit."
+GREEDY_TOKENS = 32
+# Qwen3-ASR's tokens beyond Qwen3's vocabulary, at the real tokenizer's ids.
+AUDIO_TOKENS = {"<|audio_start|>": 151669, "<|audio_end|>": 151670, "<|audio_pad|>": 151676, "<asr_text>": 151704}
+EOS = [151643, 151645]
+
+
+def config() -> Qwen3ASRConfig:
+    return Qwen3ASRConfig(
+        audio_config={
+            "num_mel_bins": 128, "encoder_layers": 2, "encoder_attention_heads": 4, "encoder_ffn_dim": 128,
+            "d_model": 64, "output_dim": 64, "n_window": 50,
+            # two 100-frame chunks per attention window, so a 2.5 s clip spans two windows
+            "n_window_infer": 200, "downsample_hidden_size": 32, "max_position_embeddings": 13,
+        },
+        text_config={
+            "vocab_size": 151936, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 4096,
+            "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "tie_word_embeddings": False,
+        },
+        # untied: a random tied head maps each token's own embedding back to it, and greedy decoding repeats it
+        audio_token_id=AUDIO_TOKENS["<|audio_pad|>"], eos_token_id=EOS, tie_word_embeddings=False,
+    )
+
+
+def redraw(model: torch.nn.Module) -> None:
+    """Weights at scales where activations stay O(1): a default 0.02 init leaves greedy margins near rounding."""
+    g = torch.Generator().manual_seed(SEED)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight") or "layer_norm.weight" in name or name.endswith("ln_post.weight"):
+                p.copy_(1 + 0.1 * torch.randn(p.shape, generator=g))
+            elif p.dim() == 1:
+                p.copy_(0.1 * torch.randn(p.shape, generator=g))
+            elif "embed_tokens" in name or name == "lm_head.weight":
+                p.copy_(torch.randn(p.shape, generator=g))
+            else:
+                fan_in = p[0].numel()
+                p.copy_(torch.randn(p.shape, generator=g) / fan_in ** 0.5)
+
+
+def write_tokenizer(out: pathlib.Path) -> None:
+    """tokenizers numbers added tokens consecutively, so the ids between the audio tokens get stand-ins."""
+    tok = json.loads((TOKENIZER / "tokenizer.json").read_text())
+    by_id = {i: content for content, i in AUDIO_TOKENS.items()}
+    first = max(t["id"] for t in tok["added_tokens"]) + 1
+    for i in range(first, max(by_id) + 1):
+        tok["added_tokens"].append({"id": i, "content": by_id.get(i, f"<|asr_reserved_{i}|>"), "single_word": False,
+                                    "lstrip": False, "rstrip": False, "normalized": False, "special": True})
+    (out / "tokenizer.json").write_text(json.dumps(tok, ensure_ascii=False))
+    shutil.copy(TOKENIZER / "tokenizer_config.json", out / "tokenizer_config.json")
+
+
+def make_model() -> pathlib.Path:
+    torch.manual_seed(SEED)
+    model = Qwen3ASRForConditionalGeneration(config()).eval()
+    redraw(model)
+    if MODEL_DIR.exists():
+        shutil.rmtree(MODEL_DIR)
+    model.save_pretrained(MODEL_DIR)
+    Qwen3ASRFeatureExtractor(n_window=50).save_pretrained(MODEL_DIR)
+    write_tokenizer(MODEL_DIR)
+    (MODEL_DIR / "generation_config.json").write_text(json.dumps({"eos_token_id": EOS}) + "\n")
+    return MODEL_DIR
+
+
+def make_speech(path: pathlib.Path) -> np.ndarray:
+    with tempfile.TemporaryDirectory() as tmp:
+        raw = pathlib.Path(tmp) / "speech.wav"
+        subprocess.run(["espeak-ng", "-v", "en", "-s", "170", "-w", str(raw), TEXT], check=True)
+        with wave.open(str(raw)) as w:
+            assert w.getnchannels() == 1 and w.getsampwidth() == 2, "espeak-ng writes mono 16-bit"
+            rate = w.getframerate()
+            x = np.frombuffer(w.readframes(w.getnframes()), dtype="<i2").astype(np.float32) / 32768
+    y = soxr.resample(x, rate, 16000, quality="HQ")
+    pcm = np.clip(np.round(y * 32768), -32768, 32767).astype("<i2")
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1), w.setsampwidth(2), w.setframerate(16000)
+        w.writeframes(pcm.tobytes())
+    return pcm.astype(np.float32) / 32768
+
+
+def read_speech(path: pathlib.Path) -> np.ndarray:
+    with wave.open(str(path)) as w:
+        return np.frombuffer(w.readframes(w.getnframes()), dtype="<i2").astype(np.float32) / 32768
+
+
+def prompt_ids(tokenizer, n_audio: int, language: str | None) -> list[int]:
+    prefix = f"language {language}<asr_text>" if language else ""
+    text = ("<|im_start|>system\n<|im_end|>\n<|im_start|>user\n<|audio_start|>" + "<|audio_pad|>" * n_audio +
+            "<|audio_end|><|im_end|>\n<|im_start|>assistant\n" + prefix)
+    return tokenizer.encode(text).ids
+
+
+def greedy(model, ids: list[int], features, mask) -> tuple[list[int], float]:
+    """Greedy continuation without the final EOS, and the smallest top-1 / top-2 logit gap on the way."""
+    out, margin = [], float("inf")
+    with torch.no_grad():
+        seq = torch.tensor([ids])
+        for _ in range(GREEDY_TOKENS):
+            logits = model(input_ids=seq, input_features=features, input_features_mask=mask).logits[0, -1]
+            top = torch.topk(logits, 2).values
+            margin = min(margin, float(top[0] - top[1]))
+            nxt = int(torch.argmax(logits))
+            if nxt in EOS:
+                break
+            out.append(nxt)
+            seq = torch.cat([seq, torch.tensor([[nxt]])], dim=1)
+    return out, margin
+
+
+def weights_sha256(directory: pathlib.Path) -> str:
+    return hashlib.sha256((directory / "model.safetensors").read_bytes()).hexdigest()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model-only", action="store_true")
+    args = ap.parse_args()
+    torch.set_num_threads(2)
+    model_dir = make_model()
+    print(f"model: {model_dir} ({weights_sha256(model_dir)})")
+    if args.model_only:
+        return
+    FIXTURES.mkdir(parents=True, exist_ok=True)
+    speech = make_speech(FIXTURES / "speech.wav")
+
+    from tokenizers import Tokenizer
+    tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    model = Qwen3ASRForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval()
+    fe = Qwen3ASRFeatureExtractor.from_pretrained(model_dir)
+    feats = fe(speech, sampling_rate=16000, padding=True, return_attention_mask=True, return_tensors="pt")
+    features, mask = feats["input_features"], feats["attention_mask"]
+    with torch.no_grad():
+        audio = model.model.get_audio_features(features, mask, return_dict=True)
+    projected = audio.pooler_output  # [n_audio, output_dim]
+    n_audio = projected.shape[0]
+    mel = features[0].numpy()  # [bins, padded_frames]
+    frames = int(mask.sum())
+    mel_slice = [40, 48]
+
+    expected = {
+        "generator": "scripts/make_qwen3_asr_fixtures.py",
+        "versions": {"transformers": transformers.__version__, "torch": torch.__version__},
+        "model_sha256": weights_sha256(model_dir),
+        "audio": "speech.wav", "samples": int(speech.shape[0]),
+        "mel": {"bins": int(mel.shape[0]), "frames": frames, "padded_frames": int(mel.shape[1]),
+                "slice_frames": mel_slice, "slice": mel[:, mel_slice[0]:mel_slice[1]].T.flatten().tolist(),
+                "sum": float(mel.astype(np.float64).sum())},
+        "encoder": {"tokens": int(n_audio), "dim": int(projected.shape[1]),
+                    "rows": [0, 1, 12, 13, int(n_audio) - 1],
+                    "slice": projected[[0, 1, 12, 13, n_audio - 1]].flatten().tolist(),
+                    "sum": float(projected.double().sum())},
+    }
+    for key, language in (("auto", None), ("english", "English")):
+        ids = prompt_ids(tokenizer, n_audio, language)
+        tokens, margin = greedy(model, ids, features, mask)
+        expected[key] = {"language": language, "prompt_ids": ids, "token_ids": tokens,
+                         "text": tokenizer.decode(tokens, skip_special_tokens=False), "min_top2_margin": margin}
+        print(f"{key}: {len(tokens)} tokens, smallest top-2 margin {margin:.4f}")
+    (FIXTURES / "expected.json").write_text(json.dumps(expected, indent=1) + "\n")
+    print(f"wrote {FIXTURES}/speech.wav ({speech.shape[0]} samples) and expected.json; "
+          f"mel frames {frames}, audio tokens {n_audio}")
+
+
+if __name__ == "__main__":
+    main()
