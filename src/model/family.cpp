@@ -11,9 +11,9 @@
 
 #include <fmt/format.h>
 
+#include "json_fields.h"
 #include "lowbit/core/error.h"
 #include "lowbit/io/gguf.h"
-#include "json_fields.h"
 
 namespace lowbit::model {
 
@@ -29,18 +29,18 @@ extern const Family kMixtralFamily;
 
 namespace {
 
-constexpr std::array<const Family*, 9> kFamilies{&kLlamaFamily,  &kMistralFamily, &kQwen2Family,
-                                                 &kQwen3Family,  &kGemma2Family,  &kGemma3Family,
-                                                 &kPhi3Family,   &kQwen3MoeFamily, &kMixtralFamily};
+constexpr std::array<const Family*, 9> kFamilies{&kLlamaFamily, &kMistralFamily,  &kQwen2Family,
+                                                 &kQwen3Family, &kGemma2Family,   &kGemma3Family,
+                                                 &kPhi3Family,  &kQwen3MoeFamily, &kMixtralFamily};
 
 constexpr std::string_view kHfLayerPrefix = "model.layers.";
 constexpr std::string_view kGgufLayerPrefix = "blk.";
 
 constexpr std::array<std::string_view, kRoleCount> kRoleNames{
-    "attn_norm", "attn_norm_bias", "q",    "k",      "v",      "qkv",         "q_bias",    "k_bias",
-    "v_bias",    "q_norm",         "k_norm", "o",    "o_bias", "post_attn_norm", "ffn_norm", "ffn_norm_bias",
-    "gate",      "up",             "gate_up", "down", "down_bias", "up_bias", "post_ffn_norm",
-    "router",    "expert_gate",    "expert_up", "expert_down"};
+    "attn_norm", "attn_norm_bias", "q",      "k",           "v",         "qkv",        "q_bias",
+    "k_bias",    "v_bias",         "q_norm", "k_norm",      "o",         "o_bias",     "post_attn_norm",
+    "ffn_norm",  "ffn_norm_bias",  "gate",   "up",          "gate_up",   "down",       "down_bias",
+    "up_bias",   "post_ffn_norm",  "router", "expert_gate", "expert_up", "expert_down"};
 
 bool names(const Family& f, std::string_view name) {
   if (name == f.name || name == f.hf_class) return true;
@@ -63,7 +63,8 @@ int64_t gguf_optional(const io::GgufFile& f, const std::string& key, int64_t fal
 std::optional<int32_t> gguf_token_id(const io::GgufFile& f, const std::string& key, size_t n_tokens) {
   const auto v = f.get_uint(key);
   if (!v) return std::nullopt;
-  if (*v >= n_tokens) fail(Errc::format, "[gguf] {}: {} = {} is outside the vocabulary of {}", f.source(), key, *v, n_tokens);
+  if (*v >= n_tokens)
+    fail(Errc::format, "[gguf] {}: {} = {} is outside the vocabulary of {}", f.source(), key, *v, n_tokens);
   return static_cast<int32_t>(*v);
 }
 
@@ -74,7 +75,8 @@ RopeScaling llama3_from_rope_freqs(const io::GgufFile& f, const io::GgufTensorIn
                                    const std::string& arch) {
   const std::vector<float> divisors = f.dequantize(t);
   if (static_cast<int64_t>(divisors.size()) * 2 != c.head_dim)
-    fail(Errc::shape, "[gguf] {}: rope_freqs.weight has {} values for head_dim {}", f.source(), divisors.size(), c.head_dim);
+    fail(Errc::shape, "[gguf] {}: rope_freqs.weight has {} values for head_dim {}", f.source(), divisors.size(),
+         c.head_dim);
   RopeScaling s;
   s.kind = RopeScaling::Kind::llama3;
   s.factor = divisors.back();
@@ -105,7 +107,8 @@ RopeScaling llama3_from_rope_freqs(const io::GgufFile& f, const io::GgufTensorIn
     if (wavelen > low_wavelen) {
       expected = s.factor;
     } else if (wavelen >= high_wavelen) {
-      const double smooth = (s.original_max_position / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+      const double smooth =
+          (s.original_max_position / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
       expected = 1.0 / ((1 - smooth) / s.factor + smooth);
     }
     if (std::abs(divisors[i] - expected) > 1e-3 * expected)
@@ -142,12 +145,18 @@ std::string_view role_name(Role r) {
 
 std::optional<LinearInput> linear_input(Role r) {
   switch (r) {
-    case Role::q: case Role::k: case Role::v: case Role::qkv: return LinearInput::attn_in;
+    case Role::q:
+    case Role::k:
+    case Role::v:
+    case Role::qkv: return LinearInput::attn_in;
     case Role::o: return LinearInput::attn_out;
-    case Role::gate: case Role::up: case Role::gate_up: return LinearInput::ffn_in;
+    case Role::gate:
+    case Role::up:
+    case Role::gate_up: return LinearInput::ffn_in;
     case Role::down: return LinearInput::ffn_mid;
     case Role::router: return LinearInput::ffn_in;
-    case Role::expert_gate: case Role::expert_up: return LinearInput::expert_in;
+    case Role::expert_gate:
+    case Role::expert_up: return LinearInput::expert_in;
     case Role::expert_down: return LinearInput::expert_mid;
     default: return std::nullopt;
   }
@@ -251,11 +260,17 @@ ModelConfig parse_hf_config(const nlohmann::json& hf, std::string_view source) {
   c.vocab = json_int(hf, "vocab_size", source);
   c.max_seq = json_int_or(hf, "max_position_embeddings", 2048, source);
   c.rope_theta = json_number_or(hf, "rope_theta", 10000.0, source);
+  // transformers 5 writes the base inside rope_parameters; only its plain ("default") RoPE is read from there
+  if (const auto it = hf.find("rope_parameters"); it != hf.end() && it->is_object() && !hf.contains("rope_theta")) {
+    if (it->value("rope_type", std::string("default")) != "default")
+      fail(Errc::unsupported, "[load_model] {}: rope_parameters.rope_type {} (default expected)", source,
+           it->at("rope_type").dump());
+    c.rope_theta = json_number_or(*it, "rope_theta", 10000.0, source);
+  }
   c.norm_eps = static_cast<float>(json_number_or(hf, "rms_norm_eps", 1e-6, source));
   c.tied_embeddings = json_bool_or(hf, "tie_word_embeddings", false, source);
   c.rope_style = RopeStyle::half;
-  if (const auto it = hf.find("bos_token_id"); it != hf.end() && it->is_number_integer())
-    c.bos_id = it->get<int32_t>();
+  if (const auto it = hf.find("bos_token_id"); it != hf.end() && it->is_number_integer()) c.bos_id = it->get<int32_t>();
   c.eos_ids = json_ids(hf, "eos_token_id", source);
   family.parse_hf(hf, c, source);
   validate_config(c, source);
@@ -285,7 +300,9 @@ nlohmann::json config_to_hf_json(const ModelConfig& c) {
   const auto& s = c.rope_scaling;
   if (s.kind == RopeScaling::Kind::linear) j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", s.factor}};
   if (s.kind == RopeScaling::Kind::llama3)
-    j["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", s.factor}, {"low_freq_factor", s.low_freq_factor},
+    j["rope_scaling"] = {{"rope_type", "llama3"},
+                         {"factor", s.factor},
+                         {"low_freq_factor", s.low_freq_factor},
                          {"high_freq_factor", s.high_freq_factor},
                          {"original_max_position_embeddings", s.original_max_position}};
   if (c.bos_id) j["bos_token_id"] = *c.bos_id;
@@ -349,7 +366,8 @@ std::optional<LayerTensor> find_layer_tensor(const ModelDesc& d, std::string_vie
   if (ec != std::errc() || end != rest.data() + dot || layer < 0 || layer >= static_cast<int64_t>(d.layers.size()))
     return std::nullopt;
   for (const TensorSpec& t : d.layers[static_cast<size_t>(layer)].tensors)
-    if (t.expert < 0 ? t.hf == rest.substr(dot + 1) : hf_tensor_name(layer, t) == hf_name) return LayerTensor{layer, &t};
+    if (t.expert < 0 ? t.hf == rest.substr(dot + 1) : hf_tensor_name(layer, t) == hf_name)
+      return LayerTensor{layer, &t};
   return std::nullopt;
 }
 

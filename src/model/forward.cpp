@@ -92,8 +92,8 @@ void prepare_heads(float* x, Rows rows, int64_t heads, const ModelConfig& c, con
     }
 }
 
-// out [m, q_dim]: causal GQA attention of q [m, q_dim], each row over its cache's keys/values up to its position,
-// with the layer's scale, logit soft-cap and window.
+// out [m, q_dim]: GQA attention of q [m, q_dim], each row over its cache's keys/values up to its position (or,
+// not causal, up to the pass's last position), with the layer's scale, logit soft-cap and window.
 void attention(const ModelConfig& c, const AttentionSpec& spec, Rows rows, int64_t layer, const float* q, float* out,
                ThreadPool& pool) {
   const int64_t hd = c.head_dim, group = c.n_heads / c.n_kv_heads;
@@ -105,10 +105,11 @@ void attention(const ModelConfig& c, const AttentionSpec& spec, Rows rows, int64
       const int64_t i = static_cast<int64_t>(task) / c.n_heads, h = static_cast<int64_t>(task) % c.n_heads;
       const KvCache& cache = *rows[static_cast<size_t>(i)].cache;
       const int64_t p = rows[static_cast<size_t>(i)].pos, kv_off = (h / group) * hd;
-      const int64_t first = spec.window > 0 ? std::max<int64_t>(0, p - spec.window + 1) : 0;
+      const int64_t first = spec.causal && spec.window > 0 ? std::max<int64_t>(0, p - spec.window + 1) : 0;
+      const int64_t end = spec.causal ? p : last;  // the last key this row sees
       const float* qh = q + (i * c.n_heads + h) * hd;
       float max = -INFINITY;
-      for (int64_t t = first; t <= p; ++t) {
+      for (int64_t t = first; t <= end; ++t) {
         const float* k = cache.key(layer, t) + kv_off;
         float score = 0.0f;
         for (int64_t d = 0; d < hd; ++d) score += qh[d] * k[d];
@@ -118,14 +119,14 @@ void attention(const ModelConfig& c, const AttentionSpec& spec, Rows rows, int64
         max = std::max(max, att[t]);
       }
       float sum = 0.0f;
-      for (int64_t t = first; t <= p; ++t) {
+      for (int64_t t = first; t <= end; ++t) {
         att[t] = std::exp(att[t] - max);
         sum += att[t];
       }
-      for (int64_t t = first; t <= p; ++t) att[t] /= sum;
+      for (int64_t t = first; t <= end; ++t) att[t] /= sum;
       float* o = out + (i * c.n_heads + h) * hd;
       std::fill(o, o + hd, 0.0f);
-      for (int64_t t = first; t <= p; ++t) {
+      for (int64_t t = first; t <= end; ++t) {
         const float* v = cache.value(layer, t) + kv_off;
         for (int64_t d = 0; d < hd; ++d) o[d] += att[t] * v[d];
       }
@@ -352,15 +353,6 @@ std::vector<RowPlace> consecutive(KvCache& cache, int64_t m, int64_t pos) {
   return rows;
 }
 
-// x [m, dim] = the embeddings of tokens (scaled by the family's embed_scale).
-std::vector<float> embed(const Model& model, std::span<const int32_t> tokens) {
-  std::vector<float> x(tokens.size() * static_cast<size_t>(model.config.dim));
-  model.embed->gather_rows(tokens, x.data());
-  if (model.desc.embed_scale != 1.0f)
-    for (float& val : x) val *= model.desc.embed_scale;
-  return x;
-}
-
 // logits [rows, vocab] = norm(x [rows, dim]) @ Wlm^T, soft-capped where the family says.
 void head(const Model& model, const float* x, int64_t rows, float* logits, ThreadPool& pool) {
   const ModelConfig& c = model.config;
@@ -374,6 +366,14 @@ void head(const Model& model, const float* x, int64_t rows, float* logits, Threa
 
 }  // namespace
 
+std::vector<float> embed(const Model& model, std::span<const int32_t> tokens) {
+  std::vector<float> x(tokens.size() * static_cast<size_t>(model.config.dim));
+  model.embed->gather_rows(tokens, x.data());
+  if (model.desc.embed_scale != 1.0f)
+    for (float& val : x) val *= model.desc.embed_scale;
+  return x;
+}
+
 void forward_layers(const Model& model, KvCache& cache, float* x, int64_t m, int64_t pos, int64_t layer_begin,
                     int64_t layer_end, ThreadPool& pool) {
   run_layers(model, consecutive(cache, m, pos), x, layer_begin, layer_end, pool);
@@ -382,9 +382,16 @@ void forward_layers(const Model& model, KvCache& cache, float* x, int64_t m, int
 void forward(const Model& model, KvCache& cache, std::span<const int32_t> tokens, int64_t pos, float* logits,
              bool all_logits, ThreadPool& pool) {
   if (model.device) return model.device->forward(cache, tokens, pos, logits, all_logits);
-  const auto m = static_cast<int64_t>(tokens.size());
+  forward_embeddings(model, cache, embed(model, tokens), pos, logits, all_logits, pool);
+}
+
+void forward_embeddings(const Model& model, KvCache& cache, std::vector<float> x, int64_t pos, float* logits,
+                        bool all_logits, ThreadPool& pool) {
+  if (model.device) fail(Errc::usage, "[forward] input embeddings run on the CPU; the model runs through use_device()");
+  const auto m = static_cast<int64_t>(x.size()) / model.config.dim;
+  if (m < 1 || m * model.config.dim != static_cast<int64_t>(x.size()))
+    fail(Errc::internal, "[forward] {} input values are not whole rows of {}", x.size(), model.config.dim);
   const std::vector<RowPlace> rows = consecutive(cache, m, pos);
-  std::vector<float> x = embed(model, tokens);
   run_layers(model, rows, x.data(), 0, model.config.n_layers, pool);
   // every row's logits, or just the last one's
   const int64_t first = all_logits ? 0 : m - 1;

@@ -9,8 +9,11 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "artifact/artifact_fixture.h"
+#include "lowbit/core/thread_pool.h"
 #include "lowbit/io/audio.h"
 #include "lowbit/model/log_mel.h"
+#include "lowbit/model/speech.h"
 
 namespace lowbit::model {
 namespace {
@@ -19,6 +22,9 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 const fs::path kFixtures = fs::path(LOWBIT_SOURCE_DIR) / "tests/model/fixtures/qwen3_asr";
+// The random-weight model itself is not committed; the script rewrites it identically (same seed).
+const fs::path kModel = fs::path(LOWBIT_SOURCE_DIR) / ".cache/qwen3_asr_fixture";
+constexpr const char* kModelAbsent = " absent: run scripts/make_qwen3_asr_fixtures.py --model-only";
 
 json expected() {
   std::ifstream in(kFixtures / "expected.json");
@@ -53,6 +59,86 @@ TEST(Qwen3Asr, LogMelMatchesTheReferenceExtractor) {
   double sum = 0;
   for (float v : mel.values) sum += v;
   EXPECT_NEAR(sum, m.at("sum").get<double>(), 1e-4 * std::abs(m.at("sum").get<double>()));
+}
+
+std::vector<float> speech() { return io::read_audio(kFixtures / expected().at("audio").get<std::string>(), 16000); }
+
+class Qwen3AsrModel : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    if (fs::exists(kModel / "model.safetensors")) model_ = load_speech_model(kModel).release();
+  }
+  static void TearDownTestSuite() {
+    delete model_;
+    model_ = nullptr;
+  }
+  void SetUp() override {
+    if (!model_) GTEST_SKIP() << kModel << kModelAbsent;
+  }
+  static SpeechModel* model_;
+};
+SpeechModel* Qwen3AsrModel::model_ = nullptr;
+
+TEST_F(Qwen3AsrModel, EncoderOutputMatchesTheReference) {
+  const json e = expected().at("encoder");
+  ThreadPool pool(2);
+  const std::vector<float> out = encode_audio(*model_, log_mel(speech(), model_->mel), pool);
+  const auto dim = e.at("dim").get<int64_t>();
+  ASSERT_EQ(static_cast<int64_t>(out.size()), e.at("tokens").get<int64_t>() * dim);
+  std::vector<float> got;
+  for (const json& r : e.at("rows"))
+    got.insert(got.end(), out.begin() + r.get<int64_t>() * dim, out.begin() + (r.get<int64_t>() + 1) * dim);
+  EXPECT_LT(relative_error(got, e.at("slice").get<std::vector<float>>()), 1e-4);
+  double sum = 0;
+  for (float v : out) sum += v;
+  EXPECT_NEAR(sum, e.at("sum").get<double>(), 1e-4 * static_cast<double>(out.size()));
+}
+
+TEST_F(Qwen3AsrModel, GreedyTokensMatchTheReference) {
+  const auto tokenizer = load_tokenizer_for(*model_->decoder, kModel, std::nullopt);
+  ThreadPool pool(2);
+  for (const char* key : {"auto", "english"}) {
+    const json e = expected().at(key);
+    TranscribeOptions options{.language = std::nullopt, .max_tokens = 32};
+    if (!e.at("language").is_null()) options.language = e.at("language").get<std::string>();
+    const Transcript t = transcribe(*model_, *tokenizer, speech(), options, pool);
+    EXPECT_EQ(t.prompt_tokens, static_cast<int64_t>(e.at("prompt_ids").size())) << key;
+    EXPECT_EQ(t.token_ids, e.at("token_ids").get<std::vector<int32_t>>()) << key;
+  }
+}
+
+TEST_F(Qwen3AsrModel, AudioChangesTheTranscript) {
+  // The same model on silence: the audio rows reach the decoder, so the ids differ.
+  const auto tokenizer = load_tokenizer_for(*model_->decoder, kModel, std::nullopt);
+  ThreadPool pool(2);
+  const std::vector<float> silence(speech().size(), 0.0f);
+  const Transcript t = transcribe(*model_, *tokenizer, silence, {.language = std::nullopt, .max_tokens = 8}, pool);
+  const auto want = expected().at("auto").at("token_ids").get<std::vector<int32_t>>();
+  EXPECT_NE(t.token_ids, std::vector<int32_t>(want.begin(), want.begin() + 8));
+}
+
+TEST_F(Qwen3AsrModel, CliPrintsTheTextAndTokenIds) {
+  const auto r = artifact::testing::run_cli(
+      {"transcribe", kModel.string(), (kFixtures / "speech.wav").string(), "--json", "--max-tokens", "32"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  const json got = json::parse(r.out);
+  EXPECT_EQ(got.at("token_ids"), expected().at("auto").at("token_ids"));
+  EXPECT_TRUE(got.at("text").is_string());
+  EXPECT_NE(r.err.find("encoder: 32 tokens"), std::string::npos) << r.err;
+}
+
+TEST_F(Qwen3AsrModel, CliRejectsBadAudioWithOneLine) {
+  artifact::testing::TempDir tmp;
+  std::ofstream(tmp / "text.wav") << "not audio at all\n";
+  std::ofstream(tmp / "empty.wav", std::ios::binary)
+      .write("RIFF\x24\0\0\0WAVEfmt \x10\0\0\0\x01\0\x01\0\x80\x3e\0\0\0\x7d\0\0\x02\0\x10\0data\0\0\0\0", 44);
+  for (const char* name : {"text.wav", "empty.wav", "absent.flac"}) {
+    const auto r = artifact::testing::run_cli({"transcribe", kModel.string(), (tmp / name).string()});
+    EXPECT_EQ(r.status, std::string(name) == "absent.flac" ? 1 : 3) << name << ": " << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_NE(r.err.find(name), std::string::npos) << r.err;
+    EXPECT_TRUE(r.out.empty()) << r.out;
+  }
 }
 
 }  // namespace

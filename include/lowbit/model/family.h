@@ -25,22 +25,33 @@ namespace lowbit::model {
 
 // What a tensor of a layer is for. Interpreters and the quantizer find tensors by role, never by name.
 enum class Role : uint8_t {
-  attn_norm, attn_norm_bias,  // the norm before attention (gain; bias for LayerNorm)
-  q, k, v,                    // [q_dim, dim], [kv_dim, dim] x2
-  qkv,                        // fused [q | k | v] rows, [q_dim + 2 kv_dim, dim] (phi3)
-  q_bias, k_bias, v_bias,     // [q_dim], [kv_dim] x2
-  q_norm, k_norm,             // [head_dim]: a norm over each head of q and k before RoPE (qwen3, gemma3)
-  o, o_bias,                  // [dim, q_dim], [dim]
-  post_attn_norm,             // [dim]: a norm of the attention output before the residual add (gemma2/3)
-  ffn_norm, ffn_norm_bias,    // the norm before the MLP
-  gate, up,                   // [hidden, dim] x2
-  gate_up,                    // fused [gate | up] rows, [2 hidden, dim] (phi3)
-  down, down_bias,            // [dim, hidden], [dim]
-  up_bias,                    // [hidden] (plain GELU MLPs)
-  post_ffn_norm,              // [dim]: a norm of the MLP output before the residual add (gemma2/3)
-  router,                     // [n_experts, dim]: the MoE router's logits
-  expert_gate, expert_up,     // [expert_hidden, dim] x2, one tensor per expert (TensorSpec::expert)
-  expert_down,                // [dim, expert_hidden], one per expert
+  attn_norm,
+  attn_norm_bias,  // the norm before attention (gain; bias for LayerNorm)
+  q,
+  k,
+  v,    // [q_dim, dim], [kv_dim, dim] x2
+  qkv,  // fused [q | k | v] rows, [q_dim + 2 kv_dim, dim] (phi3)
+  q_bias,
+  k_bias,
+  v_bias,  // [q_dim], [kv_dim] x2
+  q_norm,
+  k_norm,  // [head_dim]: a norm over each head of q and k before RoPE (qwen3, gemma3)
+  o,
+  o_bias,          // [dim, q_dim], [dim]
+  post_attn_norm,  // [dim]: a norm of the attention output before the residual add (gemma2/3)
+  ffn_norm,
+  ffn_norm_bias,  // the norm before the MLP
+  gate,
+  up,       // [hidden, dim] x2
+  gate_up,  // fused [gate | up] rows, [2 hidden, dim] (phi3)
+  down,
+  down_bias,      // [dim, hidden], [dim]
+  up_bias,        // [hidden] (plain GELU MLPs)
+  post_ffn_norm,  // [dim]: a norm of the MLP output before the residual add (gemma2/3)
+  router,         // [n_experts, dim]: the MoE router's logits
+  expert_gate,
+  expert_up,    // [expert_hidden, dim] x2, one tensor per expert (TensorSpec::expert)
+  expert_down,  // [dim, expert_hidden], one per expert
   count
 };
 inline constexpr size_t kRoleCount = static_cast<size_t>(Role::count);
@@ -104,13 +115,16 @@ struct Op {
 // Attention of one layer. Scores are (q . k) * scale; with softcap > 0 they become softcap * tanh(score /
 // softcap) before the causal mask; a query at position p sees keys at max(0, p - window + 1) .. p (window 0:
 // every earlier key). RoPE uses the model's table `rope` (ModelDesc::rope_inv_freq) on the first rope_dims
-// dimensions of each head (rope_dims == head_dim unless partial rotary).
+// dimensions of each head (rope_dims == head_dim unless partial rotary). causal false: a query sees every key
+// of its cache up to the last position of the pass (an encoder's bidirectional attention over a sequence that
+// one pass holds whole; the window does not apply); CPU only.
 struct AttentionSpec {
   float scale = 1.0f;  // typically 1 / sqrt(head_dim)
   float softcap = 0.0f;
   int64_t window = 0;
   int rope = 0;
   int64_t rope_dims = 0;
+  bool causal = true;
 };
 
 // The router of an MoE layer: p = softmax(router logits) over all n_experts (f32), the top_k largest p are the
@@ -149,20 +163,20 @@ struct ModelDesc {
   std::vector<LayerDesc> layers;
   std::vector<std::vector<float>> rope_inv_freq;  // per table, [rope_dims / 2]
   RopeStyle rope_style = RopeStyle::half;
-  float embed_scale = 1.0f;     // x = embed[token] * embed_scale (Gemma: sqrt(dim) rounded as HF rounds it)
+  float embed_scale = 1.0f;  // x = embed[token] * embed_scale (Gemma: sqrt(dim) rounded as HF rounds it)
   NormKind final_norm = NormKind::rms;
-  float final_softcap = 0.0f;   // logits = final_softcap * tanh(logits / final_softcap) when > 0
+  float final_softcap = 0.0f;  // logits = final_softcap * tanh(logits / final_softcap) when > 0
   float norm_eps = 1e-5f;
 };
 
 // A row of the family table.
 struct Family {
-  std::string_view name;      // ModelConfig::arch and HF's model_type
-  std::string_view hf_class;  // HF "architectures" entry written on export, e.g. "LlamaForCausalLM"
-  std::span<const std::string_view> hf_aliases;    // other model_type / class names read as this family
-  std::span<const std::string_view> gguf_archs;    // GGUF general.architecture values
-  RopeStyle gguf_rope_style;                       // how a GGUF file orders q/k rows (llama.cpp permutes llama's)
-  std::string_view chat_template;                  // default template family when the model carries none
+  std::string_view name;                         // ModelConfig::arch and HF's model_type
+  std::string_view hf_class;                     // HF "architectures" entry written on export, e.g. "LlamaForCausalLM"
+  std::span<const std::string_view> hf_aliases;  // other model_type / class names read as this family
+  std::span<const std::string_view> gguf_archs;  // GGUF general.architecture values
+  RopeStyle gguf_rope_style;                     // how a GGUF file orders q/k rows (llama.cpp permutes llama's)
+  std::string_view chat_template;                // default template family when the model carries none
   // Reads the family's fields after the common ones (read_common_hf / read_common_gguf) were read into c.
   void (*parse_hf)(const nlohmann::json& hf, ModelConfig& c, std::string_view source);
   void (*parse_gguf)(const io::GgufFile& f, const std::string& arch, ModelConfig& c);

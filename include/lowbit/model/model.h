@@ -72,7 +72,7 @@ class DeviceForward {
 class Model {
  public:
   ModelConfig config;
-  std::vector<NamedTensor> tensors;  // every weight, in load order
+  std::vector<NamedTensor> tensors;             // every weight, in load order
   std::shared_ptr<kernels::CpuLinear> embed;    // [vocab, dim], rows gathered
   std::shared_ptr<kernels::CpuLinear> lm_head;  // [vocab, dim]; the embedding's kernel itself when tied
   std::vector<float> final_norm;                // [dim]
@@ -157,6 +157,14 @@ std::unique_ptr<Tokenizer> load_tokenizer_for(const Model& model, const std::fil
 // m > 1 goes through the batched matmul kernels (prefill), m == 1 through matvec (decode).
 void forward(const Model& model, KvCache& cache, std::span<const int32_t> tokens, int64_t pos, float* logits,
              bool all_logits, ThreadPool& pool);
+
+// x [m, dim] = the embeddings of tokens (scaled by the family's embed_scale), the rows forward() starts from.
+std::vector<float> embed(const Model& model, std::span<const int32_t> tokens);
+
+// forward() from input rows x [m, dim] instead of tokens' embeddings: a speech model's audio features in the rows
+// of its placeholder tokens. CPU only (Errc::usage for a model on a device).
+void forward_embeddings(const Model& model, KvCache& cache, std::vector<float> x, int64_t pos, float* logits,
+                        bool all_logits, ThreadPool& pool);
 
 // One decode step of m sequences together: row i runs tokens[i] at position pos[i] of its own *caches[i],
 // appending its keys and values there and attending over that cache alone; logits is [m, vocab]. The linears run

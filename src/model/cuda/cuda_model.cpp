@@ -183,6 +183,7 @@ void check_layer(const LayerDesc& d, const ModelDesc& desc, const ModelConfig& c
   if ((d.has(Role::q_norm) || d.has(Role::k_norm)) && d.norm == NormKind::layer)
     refuse("q/k norms of kind layer (the GPU takes RMS norms of heads)");
   const AttentionSpec& a = d.attention;
+  if (attention && !a.causal) refuse("attention that is not causal (an encoder's; the GPU runs decoders)");
   const auto table = static_cast<size_t>(a.rope);
   const bool table_fits = a.rope >= 0 && table < desc.rope_inv_freq.size() &&
                           desc.rope_inv_freq[table].size() >= static_cast<size_t>(a.rope_dims / 2);

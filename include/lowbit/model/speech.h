@@ -1,0 +1,87 @@
+// Speech recognition with Qwen3-ASR: an audio encoder (three stride-2 Conv2d over 100-frame chunks of the
+// log-mel features, conv_out, sinusoidal positions, Transformer layers with bidirectional attention inside windows
+// of n_window_infer frames, ln_post, a two-layer GELU projector) whose outputs replace the audio placeholder
+// tokens of the prompt of a Qwen3 text decoder, which then decodes greedily.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "lowbit/model/log_mel.h"
+#include "lowbit/model/model.h"
+
+namespace lowbit::model {
+
+struct AudioEncoderConfig {
+  int64_t mel_bins = 128;  // num_mel_bins
+  int64_t layers = 24;     // encoder_layers
+  int64_t heads = 16;      // encoder_attention_heads
+  int64_t ffn_dim = 4096;  // encoder_ffn_dim
+  int64_t d_model = 1024;
+  int64_t output_dim = 2048;     // the projector's output: the text decoder's width
+  int64_t conv_channels = 480;   // downsample_hidden_size
+  int64_t n_window = 50;         // a conv chunk is 2 * n_window mel frames
+  int64_t n_window_infer = 800;  // an attention window spans this many mel frames (whole chunks)
+  int64_t positions = 13;        // max_position_embeddings: outputs of one chunk
+
+  int64_t chunk_frames() const { return 2 * n_window; }
+  int64_t conv_freq() const { return (((mel_bins + 1) / 2 + 1) / 2 + 1) / 2; }
+  // Tokens after the three stride-2 convolutions of a chunk of `frames` valid frames (0 stays 0).
+  static int64_t conv_tokens(int64_t frames);
+  int64_t window_tokens() const { return conv_tokens(chunk_frames()) * (n_window_infer / chunk_frames()); }
+  // Audio tokens for `frames` valid mel frames: whole chunks, then the last partial one.
+  int64_t audio_tokens(int64_t frames) const;
+};
+
+// Reads config.json's audio_config (or thinker_config.audio_config): Errc::format naming `source` and the field.
+AudioEncoderConfig parse_audio_encoder_config(const nlohmann::json& audio, std::string_view source);
+
+struct SpeechModel {
+  std::unique_ptr<Model> decoder;  // the Qwen3 text decoder
+  AudioEncoderConfig audio;
+  MelOptions mel;
+  // The encoder's layers as a model of their own (config, desc, layers only): forward_layers runs them.
+  Model encoder;
+  std::array<std::vector<float>, 3> conv_weight;  // [out, in, 3, 3] (torch layout)
+  std::array<std::vector<float>, 3> conv_bias;    // [out]
+  std::unique_ptr<kernels::CpuLinear> conv_out;   // [d_model, conv_channels * conv_freq], no bias
+  std::vector<float> ln_post_weight, ln_post_bias;
+  std::unique_ptr<kernels::CpuLinear> proj1, proj2;  // [d_model, d_model], [output_dim, d_model]
+  std::vector<float> proj1_bias, proj2_bias;
+  std::vector<float> positions;  // [positions, d_model] sinusoids
+  int32_t audio_token = 151676, audio_start_token = 151669, audio_end_token = 151670;
+  std::vector<std::shared_ptr<const void>> keep_alive;
+};
+
+// Loads a transformers qwen3_asr directory (Qwen3ASRForConditionalGeneration: model.audio_tower.*,
+// model.multi_modal_projector.*, model.language_model.*, lm_head). Any tensor the description does not name, or
+// one missing or of another shape, is Errc::format / Errc::shape naming it.
+std::unique_ptr<SpeechModel> load_speech_model(const std::filesystem::path& dir);
+
+// The projected encoder output [audio_tokens(mel.frames), output_dim] for features of mel.padded_frames
+// (a multiple of the chunk).
+std::vector<float> encode_audio(const SpeechModel& model, const LogMel& mel, ThreadPool& pool);
+
+struct TranscribeOptions {
+  std::optional<std::string> language;  // forces "language <L><asr_text>" after the prompt
+  int64_t max_tokens = 1024;
+};
+
+struct Transcript {
+  std::string text;                // decoded token_ids
+  std::vector<int32_t> token_ids;  // generated, without the prompt and the final end-of-sequence token
+  int64_t audio_tokens = 0, prompt_tokens = 0;
+  double features_seconds = 0, encoder_seconds = 0, prefill_seconds = 0, decode_seconds = 0;
+};
+
+// Greedy transcription of 16 kHz mono samples.
+Transcript transcribe(const SpeechModel& model, const Tokenizer& tokenizer, std::span<const float> samples,
+                      const TranscribeOptions& options, ThreadPool& pool);
+
+}  // namespace lowbit::model

@@ -1,0 +1,391 @@
+// Qwen3-ASR (speech.h): the loader of transformers' qwen3_asr directories, the audio encoder, greedy transcription.
+// The encoder's layers are a family.h description (family/qwen3_asr_encoder.cpp) run by the CPU interpreter,
+// one attention window per pass; the text decoder is an ordinary Qwen3 model fed embeddings whose audio
+// placeholder rows are the encoder's output.
+#include "lowbit/model/speech.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <numbers>
+#include <set>
+
+#include "family/qwen3_asr_encoder.h"
+#include "lowbit/core/error.h"
+#include "lowbit/core/thread_pool.h"
+#include "lowbit/io/json.h"
+#include "lowbit/io/safetensors.h"
+#include "lowbit/model/family.h"
+#include "lowbit/model/hf.h"
+
+namespace lowbit::model {
+
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+constexpr uint64_t kMaxJsonBytes = 16 << 20;
+constexpr int64_t kMaxDim = int64_t{1} << 20;
+constexpr std::string_view kTower = "model.audio_tower.";
+constexpr std::string_view kProjector = "model.multi_modal_projector.";
+constexpr std::string_view kLanguageModel = "model.language_model.";
+
+int64_t int_field(const json& j, const char* key, int64_t fallback, int64_t lo, int64_t hi, std::string_view source) {
+  if (!j.contains(key)) return fallback;
+  const json& v = j.at(key);
+  if (!v.is_number_integer() || v.get<int64_t>() < lo || v.get<int64_t>() > hi)
+    fail(Errc::format, "[load_speech_model] {}: audio_config.{} must be an integer in [{}, {}]", source, key, lo, hi);
+  return v.get<int64_t>();
+}
+
+float gelu_erf(float x) { return 0.5f * x * (1.0f + std::erf(x / std::numbers::sqrt2_v<float>)); }
+
+// LayerNorm of each row of x [m, n] in place.
+void layer_norm_rows(float* x, int64_t m, int64_t n, const std::vector<float>& w, const std::vector<float>& b,
+                     float eps) {
+  for (int64_t r = 0; r < m; ++r) {
+    float* row = x + r * n;
+    float mean = 0.0f, var = 0.0f;
+    for (int64_t j = 0; j < n; ++j) mean += row[j];
+    mean /= static_cast<float>(n);
+    for (int64_t j = 0; j < n; ++j) var += (row[j] - mean) * (row[j] - mean);
+    const float inv = 1.0f / std::sqrt(var / static_cast<float>(n) + eps);
+    for (int64_t j = 0; j < n; ++j)
+      row[j] = (row[j] - mean) * inv * w[static_cast<size_t>(j)] + b[static_cast<size_t>(j)];
+  }
+}
+
+void add_bias(float* y, int64_t m, const std::vector<float>& bias) {
+  const auto n = static_cast<int64_t>(bias.size());
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t j = 0; j < n; ++j) y[r * n + j] += bias[static_cast<size_t>(j)];
+}
+
+// out [co, (h + 1) / 2, (w + 1) / 2] = gelu(conv2d(in [ci, h, w], weight [co, ci, 3, 3], stride 2, padding 1) + b).
+std::vector<float> conv_gelu(const std::vector<float>& in, int64_t ci, int64_t h, int64_t w,
+                             const std::vector<float>& weight, const std::vector<float>& bias, ThreadPool& pool) {
+  const auto co = static_cast<int64_t>(bias.size());
+  const int64_t oh = (h - 1) / 2 + 1, ow = (w - 1) / 2 + 1;
+  std::vector<float> out(static_cast<size_t>(co * oh * ow));
+  pool.parallel_for(static_cast<size_t>(co), 1, [&](size_t b, size_t e) {
+    for (auto o = static_cast<int64_t>(b); o < static_cast<int64_t>(e); ++o)
+      for (int64_t y = 0; y < oh; ++y)
+        for (int64_t x = 0; x < ow; ++x) {
+          float sum = bias[static_cast<size_t>(o)];
+          for (int64_t i = 0; i < ci; ++i)
+            for (int64_t ky = 0; ky < 3; ++ky) {
+              const int64_t iy = 2 * y + ky - 1;
+              if (iy < 0 || iy >= h) continue;
+              for (int64_t kx = 0; kx < 3; ++kx) {
+                const int64_t ix = 2 * x + kx - 1;
+                if (ix < 0 || ix >= w) continue;
+                sum += weight[static_cast<size_t>(((o * ci + i) * 3 + ky) * 3 + kx)] *
+                       in[static_cast<size_t>((i * h + iy) * w + ix)];
+              }
+            }
+          out[static_cast<size_t>((o * oh + y) * ow + x)] = gelu_erf(sum);
+        }
+  });
+  return out;
+}
+
+// The checkpoint's tensors, each taken once and checked against the shape the description gives it.
+class Tensors {
+ public:
+  Tensors(const fs::path& dir, std::string source)
+      : ckpt_(std::make_shared<io::SafetensorsCheckpoint>(io::SafetensorsCheckpoint::open(dir))),
+        source_(std::move(source)) {}
+
+  codec::TensorRef ref(const std::string& name, const Shape& shape) {
+    if (!ckpt_->contains(name)) fail(Errc::format, "[load_speech_model] {}: tensor '{}' is missing", source_, name);
+    if (!taken_.insert(name).second) fail(Errc::internal, "[load_speech_model] tensor '{}' taken twice", name);
+    codec::TensorRef r = dense_view_ref(ckpt_->tensor(name), name, source_);
+    if (r.shape != shape)
+      fail(Errc::shape, "[load_speech_model] {}: tensor '{}' has shape [{}], the config gives [{}]", source_, name,
+           fmt::join(r.shape, ", "), fmt::join(shape, ", "));
+    codec::validate_tensor(r, "load_speech_model");
+    return r;
+  }
+  std::vector<float> values(const std::string& name, const Shape& shape) { return codec::decode_all(ref(name, shape)); }
+  std::unique_ptr<kernels::CpuLinear> linear(const std::string& name, const Shape& shape) {
+    return kernels::prepare_cpu(ref(name, shape));
+  }
+  bool taken(const std::string& name) const { return taken_.contains(name); }
+  const std::shared_ptr<io::SafetensorsCheckpoint>& checkpoint() const { return ckpt_; }
+
+ private:
+  std::shared_ptr<io::SafetensorsCheckpoint> ckpt_;
+  std::string source_;
+  std::set<std::string> taken_;
+};
+
+// sin | cos of position * 10000^(-i / (channels / 2 - 1)), as transformers' SinusoidsPositionEmbedding.
+std::vector<float> sinusoids(int64_t length, int64_t channels) {
+  const int64_t half = channels / 2;
+  const double increment = std::log(10000.0) / static_cast<double>(half - 1);
+  std::vector<float> out(static_cast<size_t>(length * channels));
+  for (int64_t i = 0; i < half; ++i) {
+    const auto inv = static_cast<float>(std::exp(-increment * static_cast<double>(i)));
+    for (int64_t t = 0; t < length; ++t) {
+      const float angle = static_cast<float>(t) * inv;
+      out[static_cast<size_t>(t * channels + i)] = std::sin(angle);
+      out[static_cast<size_t>(t * channels + half + i)] = std::cos(angle);
+    }
+  }
+  return out;
+}
+
+void load_encoder(SpeechModel& sm, Tensors& t) {
+  const AudioEncoderConfig& a = sm.audio;
+  const std::string tower(kTower);
+  for (size_t i = 0; i < 3; ++i) {
+    const std::string conv = fmt::format("{}conv2d{}.", tower, i + 1);
+    sm.conv_weight[i] = t.values(conv + "weight", {a.conv_channels, i == 0 ? 1 : a.conv_channels, 3, 3});
+    sm.conv_bias[i] = t.values(conv + "bias", {a.conv_channels});
+  }
+  sm.conv_out = t.linear(tower + "conv_out.weight", {a.d_model, a.conv_channels * a.conv_freq()});
+  sm.encoder.config = audio_encoder_config(a);
+  sm.encoder.desc = describe_audio_encoder(a);
+  sm.encoder.layers.resize(static_cast<size_t>(a.layers));
+  for (int64_t l = 0; l < a.layers; ++l)
+    for (const TensorSpec& spec : sm.encoder.desc.layers[static_cast<size_t>(l)].tensors) {
+      const std::string name = fmt::format("{}layers.{}.{}", tower, l, spec.hf);
+      LayerWeights& w = sm.encoder.layers[static_cast<size_t>(l)];
+      const int64_t rows = dim_size(spec.rows, sm.encoder.config);
+      if (spec.linear())
+        w.linear_slot(spec.role) = t.linear(name, {rows, dim_size(spec.cols, sm.encoder.config)});
+      else
+        w.vectors[static_cast<size_t>(spec.role)] = t.values(name, {rows});
+    }
+  sm.ln_post_weight = t.values(tower + "ln_post.weight", {a.d_model});
+  sm.ln_post_bias = t.values(tower + "ln_post.bias", {a.d_model});
+  const std::string proj(kProjector);
+  sm.proj1 = t.linear(proj + "linear_1.weight", {a.d_model, a.d_model});
+  sm.proj1_bias = t.values(proj + "linear_1.bias", {a.d_model});
+  sm.proj2 = t.linear(proj + "linear_2.weight", {a.output_dim, a.d_model});
+  sm.proj2_bias = t.values(proj + "linear_2.bias", {a.output_dim});
+  sm.positions = sinusoids(a.positions, a.d_model);
+}
+
+int32_t token_field(const json& config, const char* key, int32_t fallback, std::string_view source) {
+  if (!config.contains(key)) return fallback;
+  const json& v = config.at(key);
+  if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > INT32_MAX)
+    fail(Errc::format, "[load_speech_model] {}: {} must be a token id", source, key);
+  return v.get<int32_t>();
+}
+
+}  // namespace
+
+int64_t AudioEncoderConfig::conv_tokens(int64_t frames) {
+  for (int i = 0; i < 3; ++i) frames = frames > 0 ? (frames - 1) / 2 + 1 : 0;
+  return frames;
+}
+
+int64_t AudioEncoderConfig::audio_tokens(int64_t frames) const {
+  return frames / chunk_frames() * conv_tokens(chunk_frames()) + conv_tokens(frames % chunk_frames());
+}
+
+AudioEncoderConfig parse_audio_encoder_config(const json& j, std::string_view source) {
+  if (!j.is_object()) fail(Errc::format, "[load_speech_model] {}: audio_config is not an object", source);
+  AudioEncoderConfig a;
+  a.mel_bins = int_field(j, "num_mel_bins", a.mel_bins, 1, 1024, source);
+  a.layers = int_field(j, "encoder_layers", a.layers, 1, 1024, source);
+  a.heads = int_field(j, "encoder_attention_heads", a.heads, 1, 1024, source);
+  a.ffn_dim = int_field(j, "encoder_ffn_dim", a.ffn_dim, 1, kMaxDim, source);
+  a.d_model = int_field(j, "d_model", a.d_model, 4, kMaxDim, source);
+  a.output_dim = int_field(j, "output_dim", a.output_dim, 1, kMaxDim, source);
+  a.conv_channels = int_field(j, "downsample_hidden_size", a.conv_channels, 1, 8192, source);
+  a.n_window = int_field(j, "n_window", a.n_window, 1, 1 << 16, source);
+  a.n_window_infer = int_field(j, "n_window_infer", a.n_window_infer, 1, 1 << 24, source);
+  a.positions = int_field(j, "max_position_embeddings", a.positions, 1, 1 << 16, source);
+  if (a.d_model % a.heads != 0 || a.d_model % 2 != 0)
+    fail(Errc::format,
+         "[load_speech_model] {}: audio_config.d_model {} is not an even multiple of "
+         "encoder_attention_heads {}",
+         source, a.d_model, a.heads);
+  if (a.n_window_infer % a.chunk_frames() != 0)
+    fail(Errc::format, "[load_speech_model] {}: audio_config.n_window_infer {} is not a multiple of 2 * n_window {}",
+         source, a.n_window_infer, a.chunk_frames());
+  if (a.positions < AudioEncoderConfig::conv_tokens(a.chunk_frames()))
+    fail(Errc::format,
+         "[load_speech_model] {}: audio_config.max_position_embeddings {} is less than the {} tokens "
+         "of a chunk",
+         source, a.positions, AudioEncoderConfig::conv_tokens(a.chunk_frames()));
+  if (j.contains("activation_function") && j.at("activation_function") != "gelu")
+    fail(Errc::unsupported, "[load_speech_model] {}: audio_config.activation_function {} (gelu expected)", source,
+         j.at("activation_function").dump());
+  if (j.contains("scale_embedding") && j.at("scale_embedding") != false)
+    fail(Errc::unsupported, "[load_speech_model] {}: audio_config.scale_embedding must be false", source);
+  return a;
+}
+
+std::unique_ptr<SpeechModel> load_speech_model(const fs::path& dir) {
+  const fs::path config_path = dir / "config.json";
+  const std::string source = config_path.string();
+  const json config = io::read_json_file(config_path, "load_speech_model", kMaxJsonBytes);
+  if (!config.is_object() || config.value("model_type", json()) != "qwen3_asr")
+    fail(Errc::unsupported, "[load_speech_model] {}: model_type is not qwen3_asr", source);
+  for (const char* key : {"audio_config", "text_config"})
+    if (!config.contains(key) || !config.at(key).is_object())
+      fail(Errc::format, "[load_speech_model] {}: {} is missing or not an object", source, key);
+  auto sm = std::make_unique<SpeechModel>();
+  sm->audio = parse_audio_encoder_config(config.at("audio_config"), source);
+  sm->audio_token = token_field(config, "audio_token_id", sm->audio_token, source);
+  if (const fs::path pre = dir / "preprocessor_config.json"; fs::is_regular_file(pre))
+    sm->mel = parse_mel_options(io::read_json_file(pre, "load_speech_model", kMaxJsonBytes), pre.string());
+  if (sm->mel.bins != sm->audio.mel_bins || sm->mel.chunk_frames != sm->audio.chunk_frames())
+    fail(Errc::format,
+         "[load_speech_model] {}: the feature extractor's {} bins and {}-frame chunks differ from "
+         "audio_config's {} and {}",
+         source, sm->mel.bins, sm->mel.chunk_frames, sm->audio.mel_bins, sm->audio.chunk_frames());
+
+  json text = config.at("text_config");
+  if (!text.contains("model_type")) text["model_type"] = "qwen3";
+  if (config.contains("eos_token_id") && !text.contains("eos_token_id")) text["eos_token_id"] = config["eos_token_id"];
+  ModelConfig c = parse_hf_config(text, source);
+  if (sm->audio.output_dim != c.dim)
+    fail(Errc::format, "[load_speech_model] {}: audio_config.output_dim {} differs from text_config.hidden_size {}",
+         source, sm->audio.output_dim, c.dim);
+  if (const fs::path gen = dir / "generation_config.json"; fs::is_regular_file(gen)) {
+    const json g = io::read_json_file(gen, "load_speech_model", kMaxJsonBytes);
+    if (g.contains("eos_token_id")) {
+      c.eos_ids.clear();
+      for (const json& id : g["eos_token_id"].is_array() ? g["eos_token_id"] : json::array({g["eos_token_id"]}))
+        if (id.is_number_integer()) c.eos_ids.push_back(id.get<int32_t>());
+    }
+  }
+
+  Tensors t(dir, source);
+  load_encoder(*sm, t);
+  ModelBuilder b;
+  b.keep_alive(t.checkpoint());
+  for (const std::string& name : t.checkpoint()->names()) {
+    if (t.taken(name)) continue;
+    if (name.starts_with(kLanguageModel)) {
+      const std::string local = "model." + name.substr(kLanguageModel.size());
+      b.add(local, dense_view_ref(t.checkpoint()->tensor(name), name, source));
+    } else if (name == kLmHeadTensor) {
+      if (!c.tied_embeddings) b.add(name, dense_view_ref(t.checkpoint()->tensor(name), name, source));
+    } else {
+      fail(Errc::format, "[load_speech_model] {}: tensor '{}' is not part of a qwen3_asr model", source, name);
+    }
+  }
+  sm->decoder = b.finish(c, dir.string(), {.cpu_only = true});
+  sm->keep_alive.push_back(t.checkpoint());
+  return sm;
+}
+
+std::vector<float> encode_audio(const SpeechModel& sm, const LogMel& mel, ThreadPool& pool) {
+  const AudioEncoderConfig& a = sm.audio;
+  const int64_t chunk = a.chunk_frames(), d = a.d_model, ch = a.conv_channels;
+  if (mel.bins != a.mel_bins || mel.padded_frames % chunk != 0 || mel.frames < 1 || mel.frames > mel.padded_frames)
+    fail(Errc::shape, "[encode_audio] features [{}, {}] with {} valid frames for {} bins in chunks of {}", mel.bins,
+         mel.padded_frames, mel.frames, a.mel_bins, chunk);
+  const int64_t chunks = mel.padded_frames / chunk, tokens = a.audio_tokens(mel.frames);
+  std::vector<float> x(static_cast<size_t>(tokens * d));
+  int64_t row = 0, longest = 0;  // longest: the most tokens of one chunk
+  for (int64_t i = 0; i < chunks; ++i) {
+    const int64_t n = AudioEncoderConfig::conv_tokens(std::clamp<int64_t>(mel.frames - i * chunk, 0, chunk));
+    longest = std::max(longest, n);
+    if (n == 0) continue;
+    std::vector<float> in(static_cast<size_t>(mel.bins * chunk));
+    for (int64_t b = 0; b < mel.bins; ++b)
+      std::copy_n(mel.values.data() + b * mel.padded_frames + i * chunk, chunk, in.data() + b * chunk);
+    int64_t h = mel.bins, w = chunk, ci = 1;
+    for (size_t k = 0; k < 3; ++k) {
+      in = conv_gelu(in, ci, h, w, sm.conv_weight[k], sm.conv_bias[k], pool);
+      h = (h - 1) / 2 + 1, w = (w - 1) / 2 + 1, ci = ch;
+    }
+    // rows [n, ch * freq]: time steps, each the channels' frequency columns in turn
+    std::vector<float> rows(static_cast<size_t>(n * ch * h));
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t c = 0; c < ch; ++c)
+        for (int64_t f = 0; f < h; ++f)
+          rows[static_cast<size_t>((t * ch + c) * h + f)] = in[static_cast<size_t>((c * h + f) * w + t)];
+    float* out = x.data() + row * d;
+    sm.conv_out->matmul(rows.data(), n, out, pool);
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t j = 0; j < d; ++j) out[t * d + j] += sm.positions[static_cast<size_t>(t * d + j)];
+    row += n;
+  }
+  // attention windows of n_window_infer frames' worth of the longest chunk's tokens, as get_audio_cu_seqlens
+  const int64_t window = longest * (a.n_window_infer / chunk);
+  for (int64_t start = 0; start < tokens; start += window) {
+    const int64_t n = std::min(window, tokens - start);
+    KvCache cache(sm.encoder.config, n);
+    forward_layers(sm.encoder, cache, x.data() + start * d, n, 0, 0, a.layers, pool);
+  }
+  layer_norm_rows(x.data(), tokens, d, sm.ln_post_weight, sm.ln_post_bias, sm.encoder.config.norm_eps);
+  std::vector<float> hidden(static_cast<size_t>(tokens * d)), out(static_cast<size_t>(tokens * a.output_dim));
+  sm.proj1->matmul(x.data(), tokens, hidden.data(), pool);
+  add_bias(hidden.data(), tokens, sm.proj1_bias);
+  for (float& v : hidden) v = gelu_erf(v);
+  sm.proj2->matmul(hidden.data(), tokens, out.data(), pool);
+  add_bias(out.data(), tokens, sm.proj2_bias);
+  return out;
+}
+
+Transcript transcribe(const SpeechModel& sm, const Tokenizer& tokenizer, std::span<const float> samples,
+                      const TranscribeOptions& options, ThreadPool& pool) {
+  using Clock = std::chrono::steady_clock;
+  const auto seconds = [](Clock::time_point a, Clock::time_point b) {
+    return std::chrono::duration<double>(b - a).count();
+  };
+  Transcript out;
+  const auto t0 = Clock::now();
+  const LogMel mel = log_mel(samples, sm.mel);
+  const auto t1 = Clock::now();
+  const std::vector<float> audio = encode_audio(sm, mel, pool);
+  const auto t2 = Clock::now();
+  const Model& dec = *sm.decoder;
+  out.audio_tokens = static_cast<int64_t>(audio.size()) / dec.config.dim;
+  out.features_seconds = seconds(t0, t1);
+  out.encoder_seconds = seconds(t1, t2);
+
+  // mlx_audio's prompt (the original implementation's): an empty system turn, the audio, the assistant turn
+  std::string prompt = "<|im_start|>system\n<|im_end|>\n<|im_start|>user\n<|audio_start|>";
+  for (int64_t i = 0; i < out.audio_tokens; ++i) prompt += "<|audio_pad|>";
+  prompt += "<|audio_end|><|im_end|>\n<|im_start|>assistant\n";
+  if (options.language) prompt += fmt::format("language {}<asr_text>", *options.language);
+  const std::vector<int32_t> ids = tokenizer.encode(prompt, false, true);
+  out.prompt_tokens = static_cast<int64_t>(ids.size());
+  std::vector<float> x = embed(dec, ids);
+  int64_t placed = 0;
+  for (size_t j = 0; j < ids.size(); ++j)
+    if (ids[j] == sm.audio_token) {
+      if (placed == out.audio_tokens) break;
+      std::copy_n(audio.data() + placed * dec.config.dim, dec.config.dim, x.data() + j * dec.config.dim);
+      ++placed;
+    }
+  if (placed != out.audio_tokens || std::count(ids.begin(), ids.end(), sm.audio_token) != out.audio_tokens)
+    fail(Errc::format, "[transcribe] the tokenizer encodes <|audio_pad|> as other ids than the model's audio token {}",
+         sm.audio_token);
+  const int64_t capacity = out.prompt_tokens + options.max_tokens;
+  if (capacity > dec.config.max_seq)
+    fail(Errc::limit, "[transcribe] {} prompt tokens and up to {} more exceed the model's context of {}",
+         out.prompt_tokens, options.max_tokens, dec.config.max_seq);
+  KvCache cache(dec.config, capacity);
+  std::set<int32_t> eos(dec.config.eos_ids.begin(), dec.config.eos_ids.end());
+  for (int32_t id : tokenizer.eos_ids()) eos.insert(id);
+  std::vector<float> logits(static_cast<size_t>(dec.config.vocab));
+  forward_embeddings(dec, cache, std::move(x), 0, logits.data(), false, pool);
+  const auto t3 = Clock::now();
+  out.prefill_seconds = seconds(t2, t3);
+  int64_t pos = out.prompt_tokens;
+  while (static_cast<int64_t>(out.token_ids.size()) < options.max_tokens) {
+    const auto next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    if (eos.contains(next)) break;
+    out.token_ids.push_back(next);
+    if (static_cast<int64_t>(out.token_ids.size()) == options.max_tokens) break;
+    forward(dec, cache, std::span(&next, 1), pos++, logits.data(), false, pool);
+  }
+  out.decode_seconds = seconds(t3, Clock::now());
+  out.text = tokenizer.decode(out.token_ids);
+  return out;
+}
+
+}  // namespace lowbit::model
