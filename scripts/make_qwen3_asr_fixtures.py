@@ -12,6 +12,9 @@ reference's log-mel features and projected encoder output, the prompt ids and th
 mlx_audio's Qwen3-ASR prompt (the original implementation's): an empty system turn, the audio placeholders, the
 assistant turn.
 
+The same weights are also written as a Phonon directory (.cache/qwen3_asr_fixture_phonon: mlx_audio's names and
+conv layout, dense decoder linears), which must transcribe to the same ids.
+
 Usage: scripts/make_qwen3_asr_fixtures.py [--model-only]   (--model-only rewrites only the git-ignored model,
 which the same seed makes identical; expected.json records its weights' SHA-256 to prove it)
 """
@@ -32,6 +35,7 @@ from transformers import Qwen3ASRConfig, Qwen3ASRFeatureExtractor, Qwen3ASRForCo
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 MODEL_DIR = ROOT / ".cache" / "qwen3_asr_fixture"
+PHONON_DIR = ROOT / ".cache" / "qwen3_asr_fixture_phonon"
 FIXTURES = ROOT / "tests" / "model" / "fixtures" / "qwen3_asr"
 TOKENIZER = ROOT.parent / "shared" / "tokenizers" / "qwen3"
 if not TOKENIZER.exists():
@@ -103,6 +107,40 @@ def make_model() -> pathlib.Path:
     return MODEL_DIR
 
 
+def make_phonon(model_dir: pathlib.Path) -> pathlib.Path:
+    """The same weights as a Phonon directory (seed 000's layout: mlx_audio names, MLX conv layout, a
+    packed_manifest.json), with every decoder linear left dense (module_count 0), so it must transcribe alike."""
+    from safetensors.torch import load_file, save_file
+    hf = load_file(str(model_dir / "model.safetensors"))
+    out = {}
+    for name, t in hf.items():
+        if name.startswith("model.language_model."):
+            out["model." + name[len("model.language_model."):]] = t
+        elif name == "lm_head.weight":
+            out[name] = t
+        elif name.startswith("model.audio_tower."):
+            local = "audio_tower." + name[len("model.audio_tower."):]
+            out[local] = t.permute(0, 2, 3, 1).contiguous() if ".conv2d" in local and local.endswith("weight") else t
+        elif name.startswith("model.multi_modal_projector.linear_"):
+            out[name.replace("model.multi_modal_projector.linear_", "audio_tower.proj")] = t
+        else:
+            raise SystemExit(f"unexpected tensor {name}")
+    if PHONON_DIR.exists():
+        shutil.rmtree(PHONON_DIR)
+    PHONON_DIR.mkdir(parents=True)
+    save_file({k: v.contiguous() for k, v in out.items()}, str(PHONON_DIR / "model.safetensors"), metadata={"format": "mlx"})
+    cfg = json.loads((model_dir / "config.json").read_text())
+    text = dict(cfg["text_config"])
+    text["rope_theta"] = text.pop("rope_parameters")["rope_theta"]
+    thinker = {"audio_config": cfg["audio_config"], "text_config": text, "audio_token_id": cfg["audio_token_id"]}
+    (PHONON_DIR / "config.json").write_text(json.dumps({"model_type": "qwen3_asr", "thinker_config": thinker}, indent=1))
+    (PHONON_DIR / "packed_manifest.json").write_text(json.dumps(
+        {"status": "PASS", "group_size": 128, "bits": 2, "module_count": 0, "modules": []}, indent=1))
+    for name in ("tokenizer.json", "tokenizer_config.json", "preprocessor_config.json", "generation_config.json"):
+        shutil.copy(model_dir / name, PHONON_DIR / name)
+    return PHONON_DIR
+
+
 def make_speech(path: pathlib.Path) -> np.ndarray:
     with tempfile.TemporaryDirectory() as tmp:
         raw = pathlib.Path(tmp) / "speech.wav"
@@ -158,7 +196,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(2)
     model_dir = make_model()
-    print(f"model: {model_dir} ({weights_sha256(model_dir)})")
+    print(f"model: {model_dir} ({weights_sha256(model_dir)}); Phonon layout: {make_phonon(model_dir)}")
     if args.model_only:
         return
     FIXTURES.mkdir(parents=True, exist_ok=True)

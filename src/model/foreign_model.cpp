@@ -14,10 +14,15 @@ std::unique_ptr<Model> load_foreign_model(const std::filesystem::path& dir, cons
                                           const LoadOptions& options) {
   const std::string source = dir.string();
   auto foreign = std::make_shared<artifact::ForeignModel>(format.open(dir, {}));
-  if (!foreign->config.is_object())
-    fail(Errc::unsupported, "[load_model] {}: this {} carries no language-model config", source, foreign->format);
   for (const std::string& part : foreign->unsupported)
     fmt::print(stderr, "[load_model] {}: '{}' is not supported by lowbit and is not run\n", source, part);
+  return build_foreign_model(std::move(foreign), source, options);
+}
+
+std::unique_ptr<Model> build_foreign_model(std::shared_ptr<const artifact::ForeignModel> foreign,
+                                           std::string_view source, const LoadOptions& options) {
+  if (!foreign->config.is_object())
+    fail(Errc::unsupported, "[load_model] {}: this {} carries no language-model config", source, foreign->format);
   ModelConfig c = parse_hf_config(foreign->config, source);
   if (options.max_seq) c.max_seq = std::min(c.max_seq, *options.max_seq);
   ModelBuilder b;

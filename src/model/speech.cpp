@@ -9,15 +9,20 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <map>
 #include <numbers>
 #include <set>
 
 #include "family/qwen3_asr_encoder.h"
+#include "json_fields.h"
+#include "lowbit/artifact/foreign.h"
+#include "lowbit/artifact/phonon.h"
 #include "lowbit/core/error.h"
 #include "lowbit/core/thread_pool.h"
 #include "lowbit/io/json.h"
 #include "lowbit/io/safetensors.h"
 #include "lowbit/model/family.h"
+#include "lowbit/model/foreign_model.h"
 #include "lowbit/model/hf.h"
 
 namespace lowbit::model {
@@ -29,9 +34,17 @@ using nlohmann::json;
 
 constexpr uint64_t kMaxJsonBytes = 16 << 20;
 constexpr int64_t kMaxDim = int64_t{1} << 20;
-constexpr std::string_view kTower = "model.audio_tower.";
-constexpr std::string_view kProjector = "model.multi_modal_projector.";
 constexpr std::string_view kLanguageModel = "model.language_model.";
+
+// Where a checkpoint keeps the encoder's tensors: transformers' qwen3_asr, or mlx_audio's (Phonon directories).
+struct Layout {
+  std::string_view tower;         // conv2d1..3, conv_out, layers.N.*, ln_post
+  std::string_view proj1, proj2;  // the projector's linears
+  bool mlx_conv;                  // conv weights stored [out, kh, kw, in] (MLX) rather than [out, in, kh, kw]
+};
+constexpr Layout kHfLayout{"model.audio_tower.", "model.multi_modal_projector.linear_1",
+                           "model.multi_modal_projector.linear_2", false};
+constexpr Layout kMlxLayout{"audio_tower.", "audio_tower.proj1", "audio_tower.proj2", true};
 
 int64_t int_field(const json& j, const char* key, int64_t fallback, int64_t lo, int64_t hi, std::string_view source) {
   if (!j.contains(key)) return fallback;
@@ -92,35 +105,48 @@ std::vector<float> conv_gelu(const std::vector<float>& in, int64_t ci, int64_t h
   return out;
 }
 
-// The checkpoint's tensors, each taken once and checked against the shape the description gives it.
+// The encoder's tensors, each taken once and checked against the shape the description gives it.
 class Tensors {
  public:
-  Tensors(const fs::path& dir, std::string source)
-      : ckpt_(std::make_shared<io::SafetensorsCheckpoint>(io::SafetensorsCheckpoint::open(dir))),
-        source_(std::move(source)) {}
+  Tensors(std::map<std::string, codec::TensorRef> refs, std::string source)
+      : refs_(std::move(refs)), source_(std::move(source)) {}
 
   codec::TensorRef ref(const std::string& name, const Shape& shape) {
-    if (!ckpt_->contains(name)) fail(Errc::format, "[load_speech_model] {}: tensor '{}' is missing", source_, name);
+    const auto it = refs_.find(name);
+    if (it == refs_.end()) fail(Errc::format, "[load_speech_model] {}: tensor '{}' is missing", source_, name);
     if (!taken_.insert(name).second) fail(Errc::internal, "[load_speech_model] tensor '{}' taken twice", name);
-    codec::TensorRef r = dense_view_ref(ckpt_->tensor(name), name, source_);
-    if (r.shape != shape)
+    if (it->second.shape != shape)
       fail(Errc::shape, "[load_speech_model] {}: tensor '{}' has shape [{}], the config gives [{}]", source_, name,
-           fmt::join(r.shape, ", "), fmt::join(shape, ", "));
-    codec::validate_tensor(r, "load_speech_model");
-    return r;
+           fmt::join(it->second.shape, ", "), fmt::join(shape, ", "));
+    codec::validate_tensor(it->second, "load_speech_model");
+    return it->second;
   }
   std::vector<float> values(const std::string& name, const Shape& shape) { return codec::decode_all(ref(name, shape)); }
   std::unique_ptr<kernels::CpuLinear> linear(const std::string& name, const Shape& shape) {
     return kernels::prepare_cpu(ref(name, shape));
   }
-  bool taken(const std::string& name) const { return taken_.contains(name); }
-  const std::shared_ptr<io::SafetensorsCheckpoint>& checkpoint() const { return ckpt_; }
+  // Errc::format naming the first tensor no description took.
+  void check_all_taken() const {
+    for (const auto& [name, ref] : refs_)
+      if (!taken_.contains(name))
+        fail(Errc::format, "[load_speech_model] {}: tensor '{}' is not part of a Qwen3-ASR model", source_, name);
+  }
 
  private:
-  std::shared_ptr<io::SafetensorsCheckpoint> ckpt_;
+  std::map<std::string, codec::TensorRef> refs_;
   std::string source_;
   std::set<std::string> taken_;
 };
+
+// [out, kh, kw, in] -> [out, in, kh, kw]
+std::vector<float> from_mlx_conv(const std::vector<float>& w, int64_t out, int64_t in) {
+  std::vector<float> t(w.size());
+  for (int64_t o = 0; o < out; ++o)
+    for (int64_t k = 0; k < 9; ++k)
+      for (int64_t i = 0; i < in; ++i)
+        t[static_cast<size_t>((o * in + i) * 9 + k)] = w[static_cast<size_t>((o * 9 + k) * in + i)];
+  return t;
+}
 
 // sin | cos of position * 10000^(-i / (channels / 2 - 1)), as transformers' SinusoidsPositionEmbedding.
 std::vector<float> sinusoids(int64_t length, int64_t channels) {
@@ -138,13 +164,15 @@ std::vector<float> sinusoids(int64_t length, int64_t channels) {
   return out;
 }
 
-void load_encoder(SpeechModel& sm, Tensors& t) {
+void load_encoder(SpeechModel& sm, Tensors& t, const Layout& layout) {
   const AudioEncoderConfig& a = sm.audio;
-  const std::string tower(kTower);
+  const std::string tower(layout.tower);
   for (size_t i = 0; i < 3; ++i) {
     const std::string conv = fmt::format("{}conv2d{}.", tower, i + 1);
-    sm.conv_weight[i] = t.values(conv + "weight", {a.conv_channels, i == 0 ? 1 : a.conv_channels, 3, 3});
-    sm.conv_bias[i] = t.values(conv + "bias", {a.conv_channels});
+    const int64_t in = i == 0 ? 1 : a.conv_channels, out = a.conv_channels;
+    sm.conv_weight[i] = layout.mlx_conv ? from_mlx_conv(t.values(conv + "weight", {out, 3, 3, in}), out, in)
+                                        : t.values(conv + "weight", {out, in, 3, 3});
+    sm.conv_bias[i] = t.values(conv + "bias", {out});
   }
   sm.conv_out = t.linear(tower + "conv_out.weight", {a.d_model, a.conv_channels * a.conv_freq()});
   sm.encoder.config = audio_encoder_config(a);
@@ -162,11 +190,12 @@ void load_encoder(SpeechModel& sm, Tensors& t) {
     }
   sm.ln_post_weight = t.values(tower + "ln_post.weight", {a.d_model});
   sm.ln_post_bias = t.values(tower + "ln_post.bias", {a.d_model});
-  const std::string proj(kProjector);
-  sm.proj1 = t.linear(proj + "linear_1.weight", {a.d_model, a.d_model});
-  sm.proj1_bias = t.values(proj + "linear_1.bias", {a.d_model});
-  sm.proj2 = t.linear(proj + "linear_2.weight", {a.output_dim, a.d_model});
-  sm.proj2_bias = t.values(proj + "linear_2.bias", {a.output_dim});
+  const std::string proj1(layout.proj1), proj2(layout.proj2);
+  sm.proj1 = t.linear(proj1 + ".weight", {a.d_model, a.d_model});
+  sm.proj1_bias = t.values(proj1 + ".bias", {a.d_model});
+  sm.proj2 = t.linear(proj2 + ".weight", {a.output_dim, a.d_model});
+  sm.proj2_bias = t.values(proj2 + ".bias", {a.output_dim});
+  t.check_all_taken();
   sm.positions = sinusoids(a.positions, a.d_model);
 }
 
@@ -227,14 +256,18 @@ std::unique_ptr<SpeechModel> load_speech_model(const fs::path& dir) {
   const fs::path config_path = dir / "config.json";
   const std::string source = config_path.string();
   const json config = io::read_json_file(config_path, "load_speech_model", kMaxJsonBytes);
-  if (!config.is_object() || config.value("model_type", json()) != "qwen3_asr")
-    fail(Errc::unsupported, "[load_speech_model] {}: model_type is not qwen3_asr", source);
-  for (const char* key : {"audio_config", "text_config"})
-    if (!config.contains(key) || !config.at(key).is_object())
-      fail(Errc::format, "[load_speech_model] {}: {} is missing or not an object", source, key);
+  if (!config.is_object()) fail(Errc::format, "[load_speech_model] {}: not a JSON object", source);
+  const artifact::ForeignFormat* foreign = artifact::find_foreign_format(dir);
+  if (foreign ? foreign->name != artifact::phonon::kFormatName : config.value("model_type", json()) != "qwen3_asr")
+    fail(Errc::unsupported, "[load_speech_model] {}: neither a transformers qwen3_asr directory nor a Phonon one",
+         source);
+  // mlx_audio's configs (Phonon) may nest the model's sections in thinker_config
+  const json& top = config.contains("thinker_config") && config.at("thinker_config").is_object()
+                        ? config.at("thinker_config")
+                        : config;
   auto sm = std::make_unique<SpeechModel>();
-  sm->audio = parse_audio_encoder_config(config.at("audio_config"), source);
-  sm->audio_token = token_field(config, "audio_token_id", sm->audio_token, source);
+  sm->audio = parse_audio_encoder_config(top.value("audio_config", json::object()), source);
+  sm->audio_token = token_field(top, "audio_token_id", sm->audio_token, source);
   if (const fs::path pre = dir / "preprocessor_config.json"; fs::is_regular_file(pre))
     sm->mel = parse_mel_options(io::read_json_file(pre, "load_speech_model", kMaxJsonBytes), pre.string());
   if (sm->mel.bins != sm->audio.mel_bins || sm->mel.chunk_frames != sm->audio.chunk_frames())
@@ -243,39 +276,50 @@ std::unique_ptr<SpeechModel> load_speech_model(const fs::path& dir) {
          "audio_config's {} and {}",
          source, sm->mel.bins, sm->mel.chunk_frames, sm->audio.mel_bins, sm->audio.chunk_frames());
 
-  json text = config.at("text_config");
-  if (!text.contains("model_type")) text["model_type"] = "qwen3";
-  if (config.contains("eos_token_id") && !text.contains("eos_token_id")) text["eos_token_id"] = config["eos_token_id"];
-  ModelConfig c = parse_hf_config(text, source);
+  if (foreign) {
+    // The Phonon reader's checks, its text decoder (two-plane linears), and the audio tower it leaves to us.
+    auto opened = std::make_shared<artifact::ForeignModel>(foreign->open(dir, {}));
+    std::map<std::string, codec::TensorRef> tower;
+    for (const auto& [name, ref] : opened->tensors)
+      if (name.starts_with(kMlxLayout.tower)) tower.emplace(name, ref);
+    Tensors t(std::move(tower), source);
+    load_encoder(*sm, t, kMlxLayout);
+    sm->decoder = build_foreign_model(std::move(opened), dir.string(), {.cpu_only = true});
+  } else {
+    if (!config.contains("text_config") || !config.at("text_config").is_object())
+      fail(Errc::format, "[load_speech_model] {}: text_config is missing or not an object", source);
+    json text = config.at("text_config");
+    if (!text.contains("model_type")) text["model_type"] = "qwen3";
+    if (config.contains("eos_token_id") && !text.contains("eos_token_id"))
+      text["eos_token_id"] = config["eos_token_id"];
+    const ModelConfig c = parse_hf_config(text, source);
+    auto ckpt = std::make_shared<io::SafetensorsCheckpoint>(io::SafetensorsCheckpoint::open(dir));
+    ModelBuilder b;
+    b.keep_alive(ckpt);
+    std::map<std::string, codec::TensorRef> tower;
+    for (const std::string& name : ckpt->names()) {
+      codec::TensorRef ref = dense_view_ref(ckpt->tensor(name), name, source);
+      if (name.starts_with(kLanguageModel)) {
+        b.add("model." + name.substr(kLanguageModel.size()), std::move(ref));
+      } else if (name == kLmHeadTensor) {
+        if (!c.tied_embeddings) b.add(name, std::move(ref));  // some exports store the tied copy too
+      } else {
+        tower.emplace(name, std::move(ref));
+      }
+    }
+    Tensors t(std::move(tower), source);
+    load_encoder(*sm, t, kHfLayout);
+    sm->decoder = b.finish(c, dir.string(), {.cpu_only = true});
+    sm->keep_alive.push_back(ckpt);
+  }
+  ModelConfig& c = sm->decoder->config;
   if (sm->audio.output_dim != c.dim)
-    fail(Errc::format, "[load_speech_model] {}: audio_config.output_dim {} differs from text_config.hidden_size {}",
+    fail(Errc::format, "[load_speech_model] {}: audio_config.output_dim {} differs from the text decoder's width {}",
          source, sm->audio.output_dim, c.dim);
   if (const fs::path gen = dir / "generation_config.json"; fs::is_regular_file(gen)) {
     const json g = io::read_json_file(gen, "load_speech_model", kMaxJsonBytes);
-    if (g.contains("eos_token_id")) {
-      c.eos_ids.clear();
-      for (const json& id : g["eos_token_id"].is_array() ? g["eos_token_id"] : json::array({g["eos_token_id"]}))
-        if (id.is_number_integer()) c.eos_ids.push_back(id.get<int32_t>());
-    }
+    if (g.contains("eos_token_id")) c.eos_ids = json_ids(g, "eos_token_id", gen.string());
   }
-
-  Tensors t(dir, source);
-  load_encoder(*sm, t);
-  ModelBuilder b;
-  b.keep_alive(t.checkpoint());
-  for (const std::string& name : t.checkpoint()->names()) {
-    if (t.taken(name)) continue;
-    if (name.starts_with(kLanguageModel)) {
-      const std::string local = "model." + name.substr(kLanguageModel.size());
-      b.add(local, dense_view_ref(t.checkpoint()->tensor(name), name, source));
-    } else if (name == kLmHeadTensor) {
-      if (!c.tied_embeddings) b.add(name, dense_view_ref(t.checkpoint()->tensor(name), name, source));
-    } else {
-      fail(Errc::format, "[load_speech_model] {}: tensor '{}' is not part of a qwen3_asr model", source, name);
-    }
-  }
-  sm->decoder = b.finish(c, dir.string(), {.cpu_only = true});
-  sm->keep_alive.push_back(t.checkpoint());
   return sm;
 }
 

@@ -24,6 +24,8 @@ using nlohmann::json;
 const fs::path kFixtures = fs::path(LOWBIT_SOURCE_DIR) / "tests/model/fixtures/qwen3_asr";
 // The random-weight model itself is not committed; the script rewrites it identically (same seed).
 const fs::path kModel = fs::path(LOWBIT_SOURCE_DIR) / ".cache/qwen3_asr_fixture";
+// The same weights in a Phonon directory (mlx_audio's names and conv layout, dense decoder linears).
+const fs::path kPhonon = fs::path(LOWBIT_SOURCE_DIR) / ".cache/qwen3_asr_fixture_phonon";
 constexpr const char* kModelAbsent = " absent: run scripts/make_qwen3_asr_fixtures.py --model-only";
 
 json expected() {
@@ -94,17 +96,24 @@ TEST_F(Qwen3AsrModel, EncoderOutputMatchesTheReference) {
   EXPECT_NEAR(sum, e.at("sum").get<double>(), 1e-4 * static_cast<double>(out.size()));
 }
 
-TEST_F(Qwen3AsrModel, GreedyTokensMatchTheReference) {
-  const auto tokenizer = load_tokenizer_for(*model_->decoder, kModel, std::nullopt);
+void expect_reference_greedy(const SpeechModel& model, const fs::path& dir) {
+  const auto tokenizer = load_tokenizer_for(*model.decoder, dir, std::nullopt);
   ThreadPool pool(2);
   for (const char* key : {"auto", "english"}) {
     const json e = expected().at(key);
     TranscribeOptions options{.language = std::nullopt, .max_tokens = 32};
     if (!e.at("language").is_null()) options.language = e.at("language").get<std::string>();
-    const Transcript t = transcribe(*model_, *tokenizer, speech(), options, pool);
-    EXPECT_EQ(t.prompt_tokens, static_cast<int64_t>(e.at("prompt_ids").size())) << key;
-    EXPECT_EQ(t.token_ids, e.at("token_ids").get<std::vector<int32_t>>()) << key;
+    const Transcript t = transcribe(model, *tokenizer, speech(), options, pool);
+    EXPECT_EQ(t.prompt_tokens, static_cast<int64_t>(e.at("prompt_ids").size())) << dir << " " << key;
+    EXPECT_EQ(t.token_ids, e.at("token_ids").get<std::vector<int32_t>>()) << dir << " " << key;
   }
+}
+
+TEST_F(Qwen3AsrModel, GreedyTokensMatchTheReference) { expect_reference_greedy(*model_, kModel); }
+
+TEST(Qwen3AsrPhonon, GreedyTokensMatchTheReference) {
+  if (!fs::exists(kPhonon / "model.safetensors")) GTEST_SKIP() << kPhonon << kModelAbsent;
+  expect_reference_greedy(*load_speech_model(kPhonon), kPhonon);
 }
 
 TEST_F(Qwen3AsrModel, AudioChangesTheTranscript) {
