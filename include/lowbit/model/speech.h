@@ -60,8 +60,9 @@ struct SpeechModel {
 };
 
 // Loads a transformers qwen3_asr directory (Qwen3ASRForConditionalGeneration: model.audio_tower.*,
-// model.multi_modal_projector.*, model.language_model.*, lm_head). Any tensor the description does not name, or
-// one missing or of another shape, is Errc::format / Errc::shape naming it.
+// model.multi_modal_projector.*, model.language_model.*, lm_head) or a Phonon directory (mlx_audio's names:
+// audio_tower.* with proj1/proj2 and MLX conv layout, the text decoder as the phonon reader opens it). Any tensor
+// the description does not name, or one missing or of another shape, is Errc::format / Errc::shape naming it.
 std::unique_ptr<SpeechModel> load_speech_model(const std::filesystem::path& dir);
 
 // The projected encoder output [audio_tokens(mel.frames), output_dim] for features of mel.padded_frames
