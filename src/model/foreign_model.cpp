@@ -19,7 +19,7 @@ std::unique_ptr<Model> load_foreign_model(const std::filesystem::path& dir, cons
   return build_foreign_model(std::move(foreign), source, options);
 }
 
-std::unique_ptr<Model> build_foreign_model(std::shared_ptr<const artifact::ForeignModel> foreign,
+std::unique_ptr<Model> build_foreign_model(const std::shared_ptr<const artifact::ForeignModel>& foreign,
                                            std::string_view source, const LoadOptions& options) {
   if (!foreign->config.is_object())
     fail(Errc::unsupported, "[load_model] {}: this {} carries no language-model config", source, foreign->format);

@@ -29,8 +29,9 @@ std::vector<float> mel_filters(const MelOptions& o) {
   for (int64_t i = 0; i < n + 2; ++i)
     edges[static_cast<size_t>(i)] = mel_to_hz(mel_max * static_cast<double>(i) / static_cast<double>(n + 1));
   std::vector<float> out(static_cast<size_t>(freqs * n));
+  const int64_t nyquist = o.sample_rate / 2;  // linspace(0, sampling_rate // 2, freqs), as transformers
   for (int64_t f = 0; f < freqs; ++f) {
-    const double hz = static_cast<double>(o.sample_rate / 2) * static_cast<double>(f) / static_cast<double>(freqs - 1);
+    const double hz = static_cast<double>(nyquist) * static_cast<double>(f) / static_cast<double>(freqs - 1);
     for (int64_t m = 0; m < n; ++m) {
       const auto e = [&](int64_t k) { return edges[static_cast<size_t>(m + k)]; };
       const double down = (hz - e(0)) / (e(1) - e(0)), up = (e(2) - hz) / (e(2) - e(1));

@@ -77,31 +77,31 @@ void add_bias(float* y, int64_t m, const std::vector<float>& bias) {
     for (int64_t j = 0; j < n; ++j) y[r * n + j] += bias[static_cast<size_t>(j)];
 }
 
-// out [co, (h + 1) / 2, (w + 1) / 2] = gelu(conv2d(in [ci, h, w], weight [co, ci, 3, 3], stride 2, padding 1) + b).
+// out [(h + 1) / 2, (w + 1) / 2, co] = gelu(conv2d(in [h, w, ci], weight, stride 2, padding 1) + bias), channels
+// last: the 3x3 patches of the input (zeros beyond its edges) as rows [i * 9 + ky * 3 + kx] times the weight.
 std::vector<float> conv_gelu(const std::vector<float>& in, int64_t ci, int64_t h, int64_t w,
-                             const std::vector<float>& weight, const std::vector<float>& bias, ThreadPool& pool) {
+                             const kernels::CpuLinear& weight, const std::vector<float>& bias, ThreadPool& pool) {
   const auto co = static_cast<int64_t>(bias.size());
-  const int64_t oh = (h - 1) / 2 + 1, ow = (w - 1) / 2 + 1;
-  std::vector<float> out(static_cast<size_t>(co * oh * ow));
-  pool.parallel_for(static_cast<size_t>(co), 1, [&](size_t b, size_t e) {
-    for (auto o = static_cast<int64_t>(b); o < static_cast<int64_t>(e); ++o)
-      for (int64_t y = 0; y < oh; ++y)
-        for (int64_t x = 0; x < ow; ++x) {
-          float sum = bias[static_cast<size_t>(o)];
-          for (int64_t i = 0; i < ci; ++i)
-            for (int64_t ky = 0; ky < 3; ++ky) {
-              const int64_t iy = 2 * y + ky - 1;
-              if (iy < 0 || iy >= h) continue;
-              for (int64_t kx = 0; kx < 3; ++kx) {
-                const int64_t ix = 2 * x + kx - 1;
-                if (ix < 0 || ix >= w) continue;
-                sum += weight[static_cast<size_t>(((o * ci + i) * 3 + ky) * 3 + kx)] *
-                       in[static_cast<size_t>((i * h + iy) * w + ix)];
-              }
-            }
-          out[static_cast<size_t>((o * oh + y) * ow + x)] = gelu_erf(sum);
+  const int64_t oh = (h - 1) / 2 + 1, ow = (w - 1) / 2 + 1, k = ci * 9;
+  std::vector<float> patches(static_cast<size_t>(oh * ow * k), 0.0f);
+  for (int64_t y = 0; y < oh; ++y)
+    for (int64_t x = 0; x < ow; ++x) {
+      float* p = patches.data() + (y * ow + x) * k;
+      for (int64_t ky = 0; ky < 3; ++ky) {
+        const int64_t iy = 2 * y + ky - 1;
+        if (iy < 0 || iy >= h) continue;
+        for (int64_t kx = 0; kx < 3; ++kx) {
+          const int64_t ix = 2 * x + kx - 1;
+          if (ix < 0 || ix >= w) continue;
+          const float* src = in.data() + (iy * w + ix) * ci;
+          for (int64_t i = 0; i < ci; ++i) p[i * 9 + ky * 3 + kx] = src[i];
         }
-  });
+      }
+    }
+  std::vector<float> out(static_cast<size_t>(oh * ow * co));
+  weight.matmul(patches.data(), oh * ow, out.data(), pool);
+  add_bias(out.data(), oh * ow, bias);
+  for (float& v : out) v = gelu_erf(v);
   return out;
 }
 
@@ -173,6 +173,7 @@ void load_encoder(SpeechModel& sm, Tensors& t, const Layout& layout) {
     sm.conv_weight[i] = layout.mlx_conv ? from_mlx_conv(t.values(conv + "weight", {out, 3, 3, in}), out, in)
                                         : t.values(conv + "weight", {out, in, 3, 3});
     sm.conv_bias[i] = t.values(conv + "bias", {out});
+    sm.conv[i] = kernels::prepare_cpu(dense_f32_ref({out, in * 9}, sm.conv_weight[i]));
   }
   sm.conv_out = t.linear(tower + "conv_out.weight", {a.d_model, a.conv_channels * a.conv_freq()});
   sm.encoder.config = audio_encoder_config(a);
@@ -284,7 +285,7 @@ std::unique_ptr<SpeechModel> load_speech_model(const fs::path& dir) {
       if (name.starts_with(kMlxLayout.tower)) tower.emplace(name, ref);
     Tensors t(std::move(tower), source);
     load_encoder(*sm, t, kMlxLayout);
-    sm->decoder = build_foreign_model(std::move(opened), dir.string(), {.cpu_only = true});
+    sm->decoder = build_foreign_model(opened, dir.string(), {.cpu_only = true});
   } else {
     if (!config.contains("text_config") || !config.at("text_config").is_object())
       fail(Errc::format, "[load_speech_model] {}: text_config is missing or not an object", source);
@@ -336,20 +337,21 @@ std::vector<float> encode_audio(const SpeechModel& sm, const LogMel& mel, Thread
     const int64_t n = AudioEncoderConfig::conv_tokens(std::clamp<int64_t>(mel.frames - i * chunk, 0, chunk));
     longest = std::max(longest, n);
     if (n == 0) continue;
+    // the chunk [bins, chunk frames] with one channel
     std::vector<float> in(static_cast<size_t>(mel.bins * chunk));
     for (int64_t b = 0; b < mel.bins; ++b)
       std::copy_n(mel.values.data() + b * mel.padded_frames + i * chunk, chunk, in.data() + b * chunk);
     int64_t h = mel.bins, w = chunk, ci = 1;
     for (size_t k = 0; k < 3; ++k) {
-      in = conv_gelu(in, ci, h, w, sm.conv_weight[k], sm.conv_bias[k], pool);
+      in = conv_gelu(in, ci, h, w, *sm.conv[k], sm.conv_bias[k], pool);
       h = (h - 1) / 2 + 1, w = (w - 1) / 2 + 1, ci = ch;
     }
-    // rows [n, ch * freq]: time steps, each the channels' frequency columns in turn
+    // rows [n, ch * freq] from [freq, time, ch]: time steps, each the channels' frequency columns in turn
     std::vector<float> rows(static_cast<size_t>(n * ch * h));
     for (int64_t t = 0; t < n; ++t)
       for (int64_t c = 0; c < ch; ++c)
         for (int64_t f = 0; f < h; ++f)
-          rows[static_cast<size_t>((t * ch + c) * h + f)] = in[static_cast<size_t>((c * h + f) * w + t)];
+          rows[static_cast<size_t>((t * ch + c) * h + f)] = in[static_cast<size_t>((f * w + t) * ch + c)];
     float* out = x.data() + row * d;
     sm.conv_out->matmul(rows.data(), n, out, pool);
     for (int64_t t = 0; t < n; ++t)

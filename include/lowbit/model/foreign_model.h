@@ -16,7 +16,7 @@ std::unique_ptr<Model> load_foreign_model(const std::filesystem::path& dir, cons
                                           const LoadOptions& options = {});
 
 // The language model of an opened foreign source (no report); the model keeps `foreign` alive.
-std::unique_ptr<Model> build_foreign_model(std::shared_ptr<const artifact::ForeignModel> foreign,
+std::unique_ptr<Model> build_foreign_model(const std::shared_ptr<const artifact::ForeignModel>& foreign,
                                            std::string_view source, const LoadOptions& options = {});
 
 }  // namespace lowbit::model

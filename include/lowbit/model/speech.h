@@ -48,9 +48,11 @@ struct SpeechModel {
   MelOptions mel;
   // The encoder's layers as a model of their own (config, desc, layers only): forward_layers runs them.
   Model encoder;
-  std::array<std::vector<float>, 3> conv_weight;  // [out, in, 3, 3] (torch layout)
+  std::array<std::vector<float>, 3> conv_weight;  // [out, in * 9]: torch's [out, in, 3, 3]
   std::array<std::vector<float>, 3> conv_bias;    // [out]
-  std::unique_ptr<kernels::CpuLinear> conv_out;   // [d_model, conv_channels * conv_freq], no bias
+  // Each convolution as a matmul over the 3x3 patches of its input (viewing conv_weight).
+  std::array<std::unique_ptr<kernels::CpuLinear>, 3> conv;
+  std::unique_ptr<kernels::CpuLinear> conv_out;  // [d_model, conv_channels * conv_freq], no bias
   std::vector<float> ln_post_weight, ln_post_bias;
   std::unique_ptr<kernels::CpuLinear> proj1, proj2;  // [d_model, d_model], [output_dim, d_model]
   std::vector<float> proj1_bias, proj2_bias;
