@@ -25,7 +25,7 @@ class AudioTest : public ::testing::Test {
 
   // `frames` frames of `channels` channels written by libsndfile; channel c holds sine(hz) * (c + 1) / channels.
   fs::path write(const std::string& name, int format, int rate, int channels, sf_count_t frames, double hz = 440) {
-    const fs::path path = dir / name;
+    fs::path path = dir / name;
     SF_INFO info{.frames = 0, .samplerate = rate, .channels = channels, .format = format, .sections = 0, .seekable = 0};
     SNDFILE* f = sf_open(path.c_str(), SFM_WRITE, &info);
     EXPECT_NE(f, nullptr) << sf_strerror(nullptr);
@@ -41,7 +41,7 @@ class AudioTest : public ::testing::Test {
     return 0.5 * std::sin(2 * std::numbers::pi * hz * static_cast<double>(i) / rate);
   }
   fs::path write_bytes(const std::string& name, const std::string& bytes) {
-    const fs::path path = dir / name;
+    fs::path path = dir / name;
     std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
     return path;
   }
@@ -96,7 +96,7 @@ TEST_F(AudioTest, ResamplesToTheRequestedRate) {
 TEST_F(AudioTest, RefusesOtherFormatsCorruptEmptyAndLongInputs) {
   EXPECT_EQ(code_of(write("a.aiff", SF_FORMAT_AIFF | SF_FORMAT_PCM_16, 16000, 1, 100)), Errc::format);
   EXPECT_EQ(code_of(write("u8.wav", SF_FORMAT_WAV | SF_FORMAT_PCM_U8, 16000, 1, 100)), Errc::format);
-  EXPECT_EQ(code_of(write_bytes("junk.wav", "RIFF\x10\0\0\0WAVEjunk-not-a-chunk")), Errc::format);
+  EXPECT_EQ(code_of(write_bytes("junk.wav", std::string("RIFF\x10\0\0\0WAVEjunk-not-a-chunk", 28))), Errc::format);
   EXPECT_EQ(code_of(write_bytes("text.wav", "hello, this is not audio\n")), Errc::format);
   EXPECT_EQ(code_of(write("empty.wav", SF_FORMAT_WAV | SF_FORMAT_PCM_16, 16000, 1, 0)), Errc::shape);
   EXPECT_EQ(code_of(write("long.wav", SF_FORMAT_WAV | SF_FORMAT_PCM_16, 16000, 1, 16000), {.max_seconds = 0.5}),
