@@ -2,6 +2,7 @@
 // committed speech (espeak-ng), the projected encoder output of a random-weight model, and lowbit's greedy ids.
 // Tolerances: max |lowbit - reference| over a slice within 1e-4 of the slice's largest |reference|.
 #include <gtest/gtest.h>
+#include <sndfile.h>
 
 #include <algorithm>
 #include <cmath>
@@ -134,6 +135,27 @@ TEST_F(Qwen3AsrModel, CliPrintsTheTextAndTokenIds) {
   EXPECT_EQ(got.at("token_ids"), expected().at("auto").at("token_ids"));
   EXPECT_TRUE(got.at("text").is_string());
   EXPECT_NE(r.err.find("encoder: 32 tokens"), std::string::npos) << r.err;
+}
+
+TEST_F(Qwen3AsrModel, CliReadsFlacAlike) {
+  // The same 16-bit samples losslessly in FLAC give the same ids.
+  artifact::testing::TempDir tmp;
+  const std::vector<float> samples = speech();
+  SF_INFO info{.frames = 0,
+               .samplerate = 16000,
+               .channels = 1,
+               .format = SF_FORMAT_FLAC | SF_FORMAT_PCM_16,
+               .sections = 0,
+               .seekable = 0};
+  SNDFILE* f = sf_open((tmp / "speech.flac").c_str(), SFM_WRITE, &info);
+  ASSERT_NE(f, nullptr) << sf_strerror(nullptr);
+  ASSERT_EQ(sf_writef_float(f, samples.data(), static_cast<sf_count_t>(samples.size())),
+            static_cast<sf_count_t>(samples.size()));
+  sf_close(f);
+  const auto r = artifact::testing::run_cli(
+      {"transcribe", kModel.string(), (tmp / "speech.flac").string(), "--json", "--max-tokens", "32"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(json::parse(r.out).at("token_ids"), expected().at("auto").at("token_ids"));
 }
 
 TEST_F(Qwen3AsrModel, CliRejectsBadAudioWithOneLine) {
