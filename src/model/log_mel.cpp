@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <complex>
 #include <numbers>
 
 #include "lowbit/core/error.h"
+#include "lowbit/core/fft.h"
 
 namespace lowbit::model {
 
@@ -88,35 +90,23 @@ LogMel log_mel(std::span<const float> samples, const MelOptions& o) {
     if (i >= n) i = 2 * (n - 1) - i;
     return wave[static_cast<size_t>(i)];
   };
-  // A direct real DFT against a table of the window times cos / sin: n_fft 400 is not a power of two, and a
-  // frame costs n_fft * freqs multiply-adds, well below the encoder's cost.
-  std::vector<double> cos_t(static_cast<size_t>(freqs * o.n_fft)), sin_t(cos_t.size());
-  for (int64_t k = 0; k < freqs; ++k)
-    for (int64_t t = 0; t < o.n_fft; ++t) {
-      const double w =
-          0.5 - 0.5 * std::cos(2 * std::numbers::pi * static_cast<double>(t) / static_cast<double>(o.n_fft));
-      const double angle = 2 * std::numbers::pi * static_cast<double>((k * t) % o.n_fft) / static_cast<double>(o.n_fft);
-      cos_t[static_cast<size_t>(k * o.n_fft + t)] = w * std::cos(angle);
-      sin_t[static_cast<size_t>(k * o.n_fft + t)] = w * std::sin(angle);
-    }
+  std::vector<double> window(static_cast<size_t>(o.n_fft));  // periodic Hann
+  for (int64_t t = 0; t < o.n_fft; ++t)
+    window[static_cast<size_t>(t)] =
+        0.5 - 0.5 * std::cos(2 * std::numbers::pi * static_cast<double>(t) / static_cast<double>(o.n_fft));
+  const Fft fft(static_cast<size_t>(o.n_fft));
   const std::vector<float> filters = mel_filters(o);
   LogMel out{.bins = o.bins, .frames = frames, .padded_frames = frames, .values = {}};
   if (o.chunk_frames > 1) out.padded_frames = (frames + o.chunk_frames - 1) / o.chunk_frames * o.chunk_frames;
   out.values.assign(static_cast<size_t>(o.bins * out.padded_frames), 0.0f);
-  std::vector<double> frame(static_cast<size_t>(o.n_fft)), power(static_cast<size_t>(freqs));
+  std::vector<std::complex<double>> frame(static_cast<size_t>(o.n_fft));
+  std::vector<double> power(static_cast<size_t>(freqs));
   double max_log = -HUGE_VAL;
   for (int64_t f = 0; f < frames; ++f) {
-    for (int64_t t = 0; t < o.n_fft; ++t) frame[static_cast<size_t>(t)] = at(f * o.hop - half + t);
-    for (int64_t k = 0; k < freqs; ++k) {
-      double re = 0, im = 0;
-      const double* c = &cos_t[static_cast<size_t>(k * o.n_fft)];
-      const double* s = &sin_t[static_cast<size_t>(k * o.n_fft)];
-      for (int64_t t = 0; t < o.n_fft; ++t) {
-        re += frame[static_cast<size_t>(t)] * c[t];
-        im += frame[static_cast<size_t>(t)] * s[t];
-      }
-      power[static_cast<size_t>(k)] = re * re + im * im;
-    }
+    for (int64_t t = 0; t < o.n_fft; ++t)
+      frame[static_cast<size_t>(t)] = at(f * o.hop - half + t) * window[static_cast<size_t>(t)];
+    fft.forward(frame);
+    for (int64_t k = 0; k < freqs; ++k) power[static_cast<size_t>(k)] = std::norm(frame[static_cast<size_t>(k)]);
     for (int64_t m = 0; m < o.bins; ++m) {
       double mel = 0;
       for (int64_t k = 0; k < freqs; ++k)
