@@ -8,13 +8,17 @@
 namespace lowbit::model {
 
 std::unique_ptr<Model> load_artifact_model(const std::filesystem::path& dir, const LoadOptions& options) {
-  auto art = std::make_shared<artifact::Artifact>(artifact::Artifact::open(dir));
+  return load_artifact_model(std::make_shared<artifact::Artifact>(artifact::Artifact::open(dir)), dir, options);
+}
+
+std::unique_ptr<Model> load_artifact_model(std::shared_ptr<artifact::Artifact> art, const std::filesystem::path& dir,
+                                           const LoadOptions& options) {
   ModelConfig c = parse_hf_config(art->config(), (dir / "manifest.json").string());
   if (options.max_seq) c.max_seq = std::min(c.max_seq, *options.max_seq);
   ModelBuilder b;
   b.keep_alive(art);
-  // An artifact imported from a multi-part source (Phonon's audio tower) keeps the other parts' tensors; the
-  // runtime runs the text decoder.
+  // An artifact imported from a multi-part source (Phonon's audio tower) or quantized from one (qwen3_asr) keeps
+  // the other parts' tensors; the runtime runs the text decoder.
   // Each tensor's storage is its hold on its pages of the mapping: dropped once a kernel copied it (cpu_only), it
   // releases them, so the mapping and the kernels' copies are not both resident.
   for (const std::string& name : art->tensor_names())

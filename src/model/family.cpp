@@ -344,6 +344,8 @@ ModelConfig parse_gguf_config(const io::GgufFile& f) {
 }
 
 bool is_decoder_tensor_name(std::string_view hf_name) {
+  if (hf_name.starts_with("model.audio_tower.") || hf_name.starts_with("model.multi_modal_projector."))
+    return false;  // a qwen3_asr artifact's audio encoder
   return hf_name.starts_with("model.") || hf_name.starts_with("lm_head.");
 }
 

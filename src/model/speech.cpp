@@ -21,6 +21,7 @@
 #include "lowbit/core/thread_pool.h"
 #include "lowbit/io/json.h"
 #include "lowbit/io/safetensors.h"
+#include "lowbit/model/artifact_model.h"
 #include "lowbit/model/family.h"
 #include "lowbit/model/foreign_model.h"
 #include "lowbit/model/hf.h"
@@ -253,6 +254,40 @@ AudioEncoderConfig parse_audio_encoder_config(const json& j, std::string_view so
   return a;
 }
 
+bool is_qwen3_asr_checkpoint(const fs::path& dir) {
+  std::error_code ec;
+  if (!fs::is_regular_file(dir / "config.json", ec) || fs::exists(dir / "manifest.json", ec)) return false;
+  const json config = io::read_json_file(dir / "config.json", "load_speech_model", kMaxJsonBytes);
+  return config.is_object() && config.value("model_type", json()) == "qwen3_asr";
+}
+
+SpeechCheckpoint load_qwen3_asr_checkpoint(const fs::path& dir, const LoadOptions& options) {
+  const std::string source = (dir / "config.json").string();
+  const json config = io::read_json_file(dir / "config.json", "load_speech_model", kMaxJsonBytes);
+  if (!config.is_object() || !config.contains("text_config") || !config.at("text_config").is_object())
+    fail(Errc::format, "[load_speech_model] {}: text_config is missing or not an object", source);
+  json text = config.at("text_config");
+  if (!text.contains("model_type")) text["model_type"] = "qwen3";
+  if (config.contains("eos_token_id") && !text.contains("eos_token_id")) text["eos_token_id"] = config["eos_token_id"];
+  const ModelConfig c = parse_hf_config(text, source);
+  auto ckpt = std::make_shared<io::SafetensorsCheckpoint>(io::SafetensorsCheckpoint::open(dir));
+  ModelBuilder b;
+  b.keep_alive(ckpt);
+  SpeechCheckpoint out;
+  for (const std::string& name : ckpt->names()) {
+    codec::TensorRef ref = dense_view_ref(ckpt->tensor(name), name, source);
+    if (name.starts_with(kLanguageModel)) {
+      b.add("model." + name.substr(kLanguageModel.size()), std::move(ref));
+    } else if (name == kLmHeadTensor) {
+      if (!c.tied_embeddings) b.add(name, std::move(ref));  // some exports store the tied copy too
+    } else {
+      out.tower.push_back({name, std::move(ref), nullptr});
+    }
+  }
+  out.decoder = b.finish(c, dir.string(), options);
+  return out;
+}
+
 std::unique_ptr<SpeechModel> load_speech_model(const fs::path& dir) {
   const fs::path config_path = dir / "config.json";
   const std::string source = config_path.string();
@@ -260,8 +295,11 @@ std::unique_ptr<SpeechModel> load_speech_model(const fs::path& dir) {
   if (!config.is_object()) fail(Errc::format, "[load_speech_model] {}: not a JSON object", source);
   const artifact::ForeignFormat* foreign = artifact::find_foreign_format(dir);
   if (foreign ? foreign->name != artifact::phonon::kFormatName : config.value("model_type", json()) != "qwen3_asr")
-    fail(Errc::unsupported, "[load_speech_model] {}: neither a transformers qwen3_asr directory nor a Phonon one",
-         source);
+    fail(
+        Errc::unsupported,
+        "[load_speech_model] {}: neither a transformers qwen3_asr directory (nor an artifact quantized from one) nor a "
+        "Phonon one",
+        source);
   // mlx_audio's configs (Phonon) may nest the model's sections in thinker_config
   const json& top = config.contains("thinker_config") && config.at("thinker_config").is_object()
                         ? config.at("thinker_config")
@@ -286,32 +324,22 @@ std::unique_ptr<SpeechModel> load_speech_model(const fs::path& dir) {
     Tensors t(std::move(tower), source);
     load_encoder(*sm, t, kMlxLayout);
     sm->decoder = build_foreign_model(opened, dir.string(), {.cpu_only = true});
-  } else {
-    if (!config.contains("text_config") || !config.at("text_config").is_object())
-      fail(Errc::format, "[load_speech_model] {}: text_config is missing or not an object", source);
-    json text = config.at("text_config");
-    if (!text.contains("model_type")) text["model_type"] = "qwen3";
-    if (config.contains("eos_token_id") && !text.contains("eos_token_id"))
-      text["eos_token_id"] = config["eos_token_id"];
-    const ModelConfig c = parse_hf_config(text, source);
-    auto ckpt = std::make_shared<io::SafetensorsCheckpoint>(io::SafetensorsCheckpoint::open(dir));
-    ModelBuilder b;
-    b.keep_alive(ckpt);
+  } else if (fs::exists(dir / "manifest.json")) {
+    // A lowbit artifact quantized from a qwen3_asr checkpoint: the decoder under model.*, the tower under HF names.
+    auto art = std::make_shared<artifact::Artifact>(artifact::Artifact::open(dir));
     std::map<std::string, codec::TensorRef> tower;
-    for (const std::string& name : ckpt->names()) {
-      codec::TensorRef ref = dense_view_ref(ckpt->tensor(name), name, source);
-      if (name.starts_with(kLanguageModel)) {
-        b.add("model." + name.substr(kLanguageModel.size()), std::move(ref));
-      } else if (name == kLmHeadTensor) {
-        if (!c.tied_embeddings) b.add(name, std::move(ref));  // some exports store the tied copy too
-      } else {
-        tower.emplace(name, std::move(ref));
-      }
-    }
+    for (const std::string& name : art->tensor_names())
+      if (!is_decoder_tensor_name(name)) tower.emplace(name, art->tensor(name));
     Tensors t(std::move(tower), source);
     load_encoder(*sm, t, kHfLayout);
-    sm->decoder = b.finish(c, dir.string(), {.cpu_only = true});
-    sm->keep_alive.push_back(ckpt);
+    sm->decoder = load_artifact_model(art, dir, {.cpu_only = true});
+  } else {
+    SpeechCheckpoint ckpt = load_qwen3_asr_checkpoint(dir, {.cpu_only = true});
+    std::map<std::string, codec::TensorRef> tower;
+    for (NamedTensor& n : ckpt.tower) tower.emplace(n.name, n.ref);
+    Tensors t(std::move(tower), source);
+    load_encoder(*sm, t, kHfLayout);
+    sm->decoder = std::move(ckpt.decoder);
   }
   ModelConfig& c = sm->decoder->config;
   if (sm->audio.output_dim != c.dim)

@@ -14,6 +14,7 @@
 #include "lowbit/kernels/cpu.h"
 #include "lowbit/model/gguf_model.h"
 #include "lowbit/model/model.h"
+#include "lowbit/model/speech.h"
 #include "lowbit/model/tokenizer_export.h"
 #include "lowbit/quant/allocate.h"
 #include "lowbit/quant/block_ldlq.h"
@@ -414,7 +415,23 @@ QuantizeReport quantize(const QuantizeOptions& o) {
   QuantizeReport report;
   std::optional<std::string> quantized = quantized_source_files(o.source);
   if (!o.allow_requantize) check_requantize(o, quantized);  // before the load: a refusal costs no time
-  std::unique_ptr<model::Model> model = to_hf_rope_layout(model::load_model(o.source));
+  // A qwen3_asr checkpoint: its text decoder is quantized as any model; the audio tower's and projector's tensors
+  // follow the recipe's rules by their own names and are written alongside.
+  const bool speech = model::is_qwen3_asr_checkpoint(o.source);
+  if (speech && o.recipe.rotate)
+    fail(Errc::unsupported,
+         "[quantize] {}: recipe {} rotates the residual stream, which the audio encoder's output "
+         "feeds unrotated (qwen3_asr)",
+         o.source.string(), o.recipe.name);
+  std::vector<model::NamedTensor> tower;
+  std::unique_ptr<model::Model> model;
+  if (speech) {
+    model::SpeechCheckpoint ckpt = model::load_qwen3_asr_checkpoint(o.source, {});
+    model = std::move(ckpt.decoder);
+    tower = std::move(ckpt.tower);
+  } else {
+    model = to_hf_rope_layout(model::load_model(o.source));
+  }
   for (const auto& t : model->tensors)
     if (!quantized && t.ref.codec->id != "dense")
       quantized = fmt::format("tensor '{}' is stored as {}", t.name, t.ref.codec->id);
@@ -441,10 +458,14 @@ QuantizeReport quantize(const QuantizeOptions& o) {
   if (goal)
     report.allocation = allocate_bits(o, *goal, *model, quantizer, by_layer, calib, cache_key);
 
-  // Tensors outside the layers' linears first: embedding, norms, head, biases.
-  Progress progress("quantize", model->tensors.size(), "tensors");
+  // Tensors outside the layers' linears first: embedding, norms, head, biases, a speech model's audio tower.
+  Progress progress("quantize", model->tensors.size() + tower.size(), "tensors");
   for (const auto& t : model->tensors) {
     if (layer_linear(model->desc, t.name)) continue;
+    quantizer.encode(t, nullptr);
+    progress.advance();
+  }
+  for (const auto& t : tower) {
     quantizer.encode(t, nullptr);
     progress.advance();
   }
@@ -484,8 +505,13 @@ QuantizeReport quantize(const QuantizeOptions& o) {
   }
 
   writer.set_config(model::config_to_hf_json(model->config));
-  if (const auto mlx = mlx_config(model::config_to_hf_json(model->config), report))
+  if (speech) {  // the audio encoder's configuration is only in the source's files (model::load_speech_model)
+    writer.add_file(o.source / "config.json", artifact::FileRole::config);
+    if (fs::is_regular_file(o.source / "preprocessor_config.json"))
+      writer.add_file(o.source / "preprocessor_config.json", artifact::FileRole::other);
+  } else if (const auto mlx = mlx_config(model::config_to_hf_json(model->config), report)) {
     writer.add_file_contents("config.json", artifact::FileRole::config, mlx->dump(2) + "\n");
+  }
   for (const auto& f : tokenizer_files(o)) writer.add_file(f, artifact::FileRole::tokenizer);
   if (const auto gguf = gguf_tokenizer_source(o))
     for (const auto& f : model::gguf_tokenizer_files(io::GgufFile::open(*gguf)))

@@ -23,11 +23,14 @@ CodecChoice two_plane() { return {"two_plane", json{{"storage", "quint5"}, {"met
 CodecChoice trellis(int k) { return {"trellis", json{{"L", 12}, {"k", k}, {"code", "3inst"}}}; }
 
 // Embedding and head get their own codec; every other matrix the linears' codec. Alternatives of neighbouring
-// widths are listed so that --target-bpw can trade bits between tensors.
+// widths are listed so that --target-bpw can trade bits between tensors. A speech model's audio encoder
+// (qwen3_asr: model.audio_tower.*, model.multi_modal_projector.*) keeps 8-bit affine whatever the decoder takes.
 Recipe linears_with_head(std::string name, CodecChoice head, std::vector<CodecChoice> linears, bool rotate = false) {
   Recipe r;
   r.name = std::move(name);
   r.rotate = rotate;
+  r.rules.push_back({"model.audio_tower.*", {affine(8)}, std::nullopt});
+  r.rules.push_back({"model.multi_modal_projector.*", {affine(8)}, std::nullopt});
   r.rules.push_back({"*embed_tokens.weight", {head}, std::nullopt});
   r.rules.push_back({"lm_head.weight", {head}, std::nullopt});
   r.fallback = {"*", std::move(linears), std::nullopt};

@@ -11,8 +11,11 @@
 #include <nlohmann/json.hpp>
 
 #include "artifact/artifact_fixture.h"
+#include "lowbit/artifact/reader.h"
+#include "lowbit/codec/codec.h"
 #include "lowbit/core/thread_pool.h"
 #include "lowbit/io/audio.h"
+#include "lowbit/io/safetensors.h"
 #include "lowbit/model/log_mel.h"
 #include "lowbit/model/speech.h"
 
@@ -156,6 +159,47 @@ TEST_F(Qwen3AsrModel, CliReadsFlacAlike) {
       {"transcribe", kModel.string(), (tmp / "speech.flac").string(), "--json", "--max-tokens", "32"});
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_EQ(json::parse(r.out).at("token_ids"), expected().at("auto").at("token_ids"));
+}
+
+// lowbit quantize on the qwen3_asr checkpoint (affine4: the decoder's linears 4-bit, the audio encoder's matrices
+// 8-bit), transcribed from the artifact, against the same weights dequantized into a transformers qwen3_asr
+// directory and run dense: the same greedy ids.
+TEST_F(Qwen3AsrModel, QuantizedArtifactMatchesItsDequantizedWeights) {
+  artifact::testing::TempDir tmp;
+  const fs::path art = tmp / "art", dense = tmp / "dense";
+  const auto q = artifact::testing::run_cli({"quantize", kModel.string(), art.string(), "--no-calib"});
+  ASSERT_EQ(q.status, 0) << q.err;
+  const artifact::Artifact a = artifact::Artifact::open(art);
+  EXPECT_EQ(a.tensor("model.audio_tower.layers.0.fc1.weight").params.at("bits"), 8);
+  EXPECT_EQ(a.tensor("model.multi_modal_projector.linear_2.weight").params.at("bits"), 8);
+  EXPECT_EQ(a.tensor("model.layers.0.mlp.down_proj.weight").params.at("bits"), 4);
+  std::vector<std::vector<float>> values;
+  std::vector<std::pair<std::string, TensorView>> tensors;
+  for (const std::string& name : a.tensor_names()) {
+    const codec::TensorRef ref = a.tensor(name);
+    values.push_back(codec::decode_all(ref));
+    const bool decoder = name.starts_with("model.") && !name.starts_with("model.audio_tower.") &&
+                         !name.starts_with("model.multi_modal_projector.");
+    tensors.emplace_back(decoder ? "model.language_model." + name.substr(6) : name,
+                         TensorView{DType::F32, ref.shape, std::as_bytes(std::span(values.back()))});
+  }
+  fs::create_directories(dense);
+  io::write_safetensors(dense / "model.safetensors", tensors);
+  for (const char* f :
+       {"config.json", "preprocessor_config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"})
+    fs::copy_file(kModel / f, dense / f);
+  const auto quantized = load_speech_model(art), dequantized = load_speech_model(dense);
+  const auto tokenizer = load_tokenizer_for(*quantized->decoder, art, std::nullopt);
+  ThreadPool pool(2);
+  const TranscribeOptions options{.language = std::nullopt, .max_tokens = 32};
+  const Transcript got = transcribe(*quantized, *tokenizer, speech(), options, pool);
+  const Transcript want = transcribe(*dequantized, *tokenizer, speech(), options, pool);
+  EXPECT_EQ(got.token_ids.size(), 32u);
+  EXPECT_EQ(got.token_ids, want.token_ids);
+  const auto r = artifact::testing::run_cli(
+      {"transcribe", art.string(), (kFixtures / "speech.wav").string(), "--json", "--max-tokens", "32"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(json::parse(r.out).at("token_ids").get<std::vector<int32_t>>(), want.token_ids);
 }
 
 TEST_F(Qwen3AsrModel, CliRejectsBadAudioWithOneLine) {

@@ -154,8 +154,9 @@ inline constexpr std::string_view kEmbedTensor = "model.embed_tokens.weight";
 inline constexpr std::string_view kFinalNormTensor = "model.norm.weight";
 inline constexpr std::string_view kFinalNormBiasTensor = "model.norm.bias";
 inline constexpr std::string_view kLmHeadTensor = "lm_head.weight";
-// Whether an HF name belongs to the text decoder ("model.*", "lm_head.*") rather than another part of a
-// checkpoint (an audio or vision tower), which loaders of multi-part formats leave out.
+// Whether an HF name belongs to the text decoder ("model.*", "lm_head.*"; not model.audio_tower.* or
+// model.multi_modal_projector.*) rather than another part of a checkpoint, which loaders of multi-part formats
+// leave out.
 bool is_decoder_tensor_name(std::string_view hf_name);
 
 // Everything a backend needs to run a model, derived once from its config by the family.

@@ -61,8 +61,19 @@ struct SpeechModel {
   std::vector<std::shared_ptr<const void>> keep_alive;
 };
 
+// A transformers qwen3_asr checkpoint as `lowbit quantize` takes it: the text decoder as a model of its own (HF
+// names, model.language_model.* read as model.*) and the audio tower's and projector's tensors under their own
+// names (model.audio_tower.*, model.multi_modal_projector.*), which the decoder's keep_alive holds.
+struct SpeechCheckpoint {
+  std::unique_ptr<Model> decoder;
+  std::vector<NamedTensor> tower;
+};
+bool is_qwen3_asr_checkpoint(const std::filesystem::path& dir);  // config.json's model_type is qwen3_asr
+SpeechCheckpoint load_qwen3_asr_checkpoint(const std::filesystem::path& dir, const LoadOptions& options);
+
 // Loads a transformers qwen3_asr directory (Qwen3ASRForConditionalGeneration: model.audio_tower.*,
-// model.multi_modal_projector.*, model.language_model.*, lm_head) or a Phonon directory (mlx_audio's names:
+// model.multi_modal_projector.*, model.language_model.*, lm_head), a lowbit artifact quantized from one (its
+// config.json file the source's, the decoder's tensors under model.*), or a Phonon directory (mlx_audio's names:
 // audio_tower.* with proj1/proj2 and MLX conv layout, the text decoder as the phonon reader opens it). Any tensor
 // the description does not name, or one missing or of another shape, is Errc::format / Errc::shape naming it.
 std::unique_ptr<SpeechModel> load_speech_model(const std::filesystem::path& dir);
