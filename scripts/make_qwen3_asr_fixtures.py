@@ -52,13 +52,13 @@ def config() -> Qwen3ASRConfig:
     return Qwen3ASRConfig(
         audio_config={
             "num_mel_bins": 128, "encoder_layers": 2, "encoder_attention_heads": 4, "encoder_ffn_dim": 128,
-            "d_model": 64, "output_dim": 64, "n_window": 50,
+            "d_model": 64, "output_dim": 128, "n_window": 50,
             # two 100-frame chunks per attention window, so a 2.5 s clip spans two windows
             "n_window_infer": 200, "downsample_hidden_size": 32, "max_position_embeddings": 13,
         },
         text_config={
-            "vocab_size": 151936, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 4096,
+            "vocab_size": 151936, "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "max_position_embeddings": 4096,
             "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "tie_word_embeddings": False,
         },
         # untied: a random tied head maps each token's own embedding back to it, and greedy decoding repeats it
