@@ -1,6 +1,7 @@
 // Qwen3-ASR against transformers' qwen3_asr (scripts/make_qwen3_asr_fixtures.py): the log-mel features of the
 // committed speech (espeak-ng), the projected encoder output of a random-weight model, and lowbit's greedy ids.
 // Tolerances: max |lowbit - reference| over a slice within 1e-4 of the slice's largest |reference|.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <sndfile.h>
 
@@ -8,7 +9,9 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <list>
 #include <nlohmann/json.hpp>
+#include <regex>
 
 #include "artifact/artifact_fixture.h"
 #include "lowbit/artifact/reader.h"
@@ -118,6 +121,114 @@ TEST_F(Qwen3AsrModel, GreedyTokensMatchTheReference) { expect_reference_greedy(*
 TEST(Qwen3AsrPhonon, GreedyTokensMatchTheReference) {
   if (!fs::exists(kPhonon / "model.safetensors")) GTEST_SKIP() << kPhonon << kModelAbsent;
   expect_reference_greedy(*load_speech_model(kPhonon), kPhonon);
+}
+
+// The Phonon fixture with its decoder's linears packed two-plane (seed 000) in a storage variant, and (hybrid) the
+// embedding and audio_tower.proj2 4-bit affine; beside it, the same weights dequantized into the dense layout.
+void write_packed_phonon(const fs::path& packed, const fs::path& dequantized, const std::string& storage, bool slim,
+                         bool hybrid) {
+  const auto ckpt = io::SafetensorsCheckpoint::open(kPhonon);
+  json manifest = json::parse(std::ifstream(kPhonon / "packed_manifest.json"));
+  manifest["modules"] = json::array();
+  std::list<codec::EncodedTensor> encoded;
+  std::list<std::vector<float>> values;
+  std::vector<std::pair<std::string, TensorView>> packed_tensors, dense_tensors;
+  const auto add = [&](const std::string& module, const char* codec_id, const codec::Params& params,
+                       const std::map<std::string, std::string>& names, const TensorView& w) {
+    const codec::Codec& codec = codec::codec_or_throw(codec_id, module);
+    encoded.push_back(codec.encode(params, w.shape, w.as<float>(), {}));
+    for (const auto& [role, buffer] : encoded.back().arrays) {
+      const auto it = names.find(role);
+      packed_tensors.emplace_back(module + "." + (it != names.end() ? it->second : role), buffer.view());
+    }
+    values.push_back(codec::decode_all({&codec, encoded.back().params, w.shape, encoded.back().views()}));
+    dense_tensors.emplace_back(module + ".weight",
+                               TensorView{DType::F32, w.shape, std::as_bytes(std::span(values.back()))});
+  };
+  const std::regex linear(R"(model\.layers\.\d+\.(self_attn|mlp)\.\w+_proj\.weight)");
+  const codec::Params affine{{"bits", 4}, {"group_size", 64}, {"scale_dtype", "bf16"}};
+  for (const std::string& name : ckpt.names()) {
+    const TensorView w = ckpt.tensor(name);
+    ASSERT_EQ(w.dtype, DType::F32) << name;
+    const std::string module = name.substr(0, name.size() - std::string_view(".weight").size());
+    if (std::regex_match(name, linear)) {
+      add(module, "two_plane", {{"storage", storage}, {"metadata", slim ? "slim" : "full"}, {"scale_dtype", "bf16"}},
+          {{"base_codes", "base_q"}, {"residual_codes", "residual_q"}, {"codes", storage + "_q"}}, w);
+      manifest["modules"].push_back({{"name", module}, {"in_features", w.shape[1]}, {"out_features", w.shape[0]}});
+    } else if (hybrid && (name == "model.embed_tokens.weight" || name == "audio_tower.proj2.weight")) {
+      add(module, "affine", affine, {{"codes", "weight"}}, w);
+    } else {
+      packed_tensors.emplace_back(name, w);
+      dense_tensors.emplace_back(name, w);
+    }
+  }
+  manifest["module_count"] = manifest["modules"].size();
+  if (slim) manifest["decoder_metadata"] = {{"format", "broadcast-scales-v1"}};
+  if (storage == "quint5") manifest["decoder_codes"] = {{"format", "ten-base5-per-24bit-v1"}};
+  if (hybrid) {
+    const TensorView e = ckpt.tensor("model.embed_tokens.weight"), p = ckpt.tensor("audio_tower.proj2.weight");
+    manifest["hybrid_quantization"] = {{"format", "mlx-native-affine-v1"},
+                                       {"embedding",
+                                        {{"name", "model.embed_tokens"},
+                                         {"num_embeddings", e.shape[0]},
+                                         {"dims", e.shape[1]},
+                                         {"group_size", 64},
+                                         {"bits", 4},
+                                         {"mode", "affine"}}},
+                                       {"audio_linears",
+                                        {{{"name", "audio_tower.proj2"},
+                                          {"in_features", p.shape[1]},
+                                          {"out_features", p.shape[0]},
+                                          {"bias", true},
+                                          {"group_size", 64},
+                                          {"bits", 4},
+                                          {"mode", "affine"}}}}};
+  }
+  for (const fs::path& dir : {packed, dequantized}) {
+    fs::create_directories(dir);
+    for (const char* f : {"config.json", "preprocessor_config.json", "generation_config.json", "tokenizer.json",
+                          "tokenizer_config.json"})
+      fs::copy_file(kPhonon / f, dir / f);
+  }
+  std::ofstream(packed / "packed_manifest.json") << manifest.dump(1);
+  fs::copy_file(kPhonon / "packed_manifest.json", dequantized / "packed_manifest.json");
+  io::write_safetensors(packed / "model.safetensors", packed_tensors, {{"format", "mlx"}});
+  io::write_safetensors(dequantized / "model.safetensors", dense_tensors, {{"format", "mlx"}});
+}
+
+TEST(Qwen3AsrPhonon, PackedDecodersMatchTheirDequantizedWeights) {
+  if (!fs::exists(kPhonon / "model.safetensors")) GTEST_SKIP() << kPhonon << kModelAbsent;
+  struct Variant {
+    const char* storage;
+    bool slim, hybrid;
+  };
+  ThreadPool pool(2);
+  for (const Variant v :
+       {Variant{"planes", false, false}, Variant{"planes", true, false}, Variant{"quint5", false, false},
+        Variant{"quint5", true, false}, Variant{"planes", false, true}, Variant{"quint5", true, true}}) {
+    const std::string label = fmt::format("{}-{}{}", v.storage, v.slim ? "slim" : "full", v.hybrid ? "-hybrid" : "");
+    artifact::testing::TempDir tmp;
+    write_packed_phonon(tmp / "packed", tmp / "dequantized", v.storage, v.slim, v.hybrid);
+    const auto packed = load_speech_model(tmp / "packed"), dequantized = load_speech_model(tmp / "dequantized");
+    for (const NamedTensor& t : packed->decoder->tensors) {
+      if (t.name == "model.layers.1.mlp.down_proj.weight") {
+        EXPECT_EQ(t.ref.codec->id, "two_plane") << label;
+        EXPECT_EQ(t.ref.params.at("storage"), v.storage) << label;
+      }
+      if (t.name == "model.embed_tokens.weight") {
+        EXPECT_EQ(t.ref.codec->id, v.hybrid ? "affine" : "dense") << label;
+      }
+    }
+    const auto tokenizer = load_tokenizer_for(*packed->decoder, tmp / "packed", std::nullopt);
+    const TranscribeOptions options{.language = std::nullopt, .max_tokens = 32};
+    const Transcript got = transcribe(*packed, *tokenizer, speech(), options, pool);
+    EXPECT_EQ(got.token_ids.size(), 32u) << label;
+    EXPECT_EQ(got.token_ids, transcribe(*dequantized, *tokenizer, speech(), options, pool).token_ids) << label;
+    const auto r = artifact::testing::run_cli(
+        {"transcribe", (tmp / "packed").string(), (kFixtures / "speech.wav").string(), "--json", "--max-tokens", "32"});
+    ASSERT_EQ(r.status, 0) << label << ": " << r.err;
+    EXPECT_EQ(json::parse(r.out).at("token_ids").get<std::vector<int32_t>>(), got.token_ids) << label;
+  }
 }
 
 TEST_F(Qwen3AsrModel, AudioChangesTheTranscript) {
