@@ -186,6 +186,17 @@ def greedy(model, ids: list[int], features, mask) -> tuple[list[int], float]:
     return out, margin
 
 
+def chunk_starts(speech: np.ndarray) -> list[dict]:
+    """mlx_audio's split of long audio: the first sample of each chunk, for the speech repeated, in short chunks."""
+    from mlx_audio.stt.models.qwen3_asr.qwen3_asr import split_audio_into_chunks
+    out = []
+    for repeat, seconds in ((1, 1.0), (3, 2.0), (8, 4.5)):
+        wav = np.tile(speech, repeat)
+        starts = [round(offset * 16000) for _, offset in split_audio_into_chunks(wav, 16000, chunk_duration=seconds)]
+        out.append({"repeat": repeat, "seconds": seconds, "starts": starts})
+    return out
+
+
 def weights_sha256(directory: pathlib.Path) -> str:
     return hashlib.sha256((directory / "model.safetensors").read_bytes()).hexdigest()
 
@@ -235,6 +246,7 @@ def main() -> None:
         expected[key] = {"language": language, "prompt_ids": ids, "token_ids": tokens,
                          "text": tokenizer.decode(tokens, skip_special_tokens=False), "min_top2_margin": margin}
         print(f"{key}: {len(tokens)} tokens, smallest top-2 margin {margin:.4f}")
+    expected["chunks"] = chunk_starts(speech)
     (FIXTURES / "expected.json").write_text(json.dumps(expected, indent=1) + "\n")
     print(f"wrote {FIXTURES}/speech.wav ({speech.shape[0]} samples) and expected.json; "
           f"mel frames {frames}, audio tokens {n_audio}")

@@ -403,8 +403,46 @@ std::vector<float> encode_audio(const SpeechModel& sm, const LogMel& mel, Thread
   return out;
 }
 
-Transcript transcribe(const SpeechModel& sm, const Tokenizer& tokenizer, std::span<const float> samples,
-                      const TranscribeOptions& options, ThreadPool& pool) {
+std::vector<AudioChunk> split_audio(std::span<const float> wav, int64_t rate, double chunk_seconds) {
+  const auto total = static_cast<int64_t>(wav.size());
+  const auto max_chunk = static_cast<int64_t>(chunk_seconds * static_cast<double>(rate));
+  if (max_chunk < 1) fail(Errc::usage, "[split_audio] chunks of {} s hold no sample at {} Hz", chunk_seconds, rate);
+  const int64_t search = 5 * rate, window = rate / 10;  // search_expand_sec 5, min_window_ms 100
+  std::vector<AudioChunk> out;
+  int64_t start = 0;
+  while (start < total) {
+    const int64_t end = std::min(start + max_chunk, total);
+    if (end >= total) {
+      out.push_back({start, total});
+      break;
+    }
+    // the lowest mean energy over `window` samples within `search` of the cut, taking the first minimum
+    const int64_t lo = std::max(start, end - search), hi = std::min(total, end + search);
+    int64_t cut = end;
+    if (hi - lo > window) {
+      double best = HUGE_VAL;
+      int64_t best_at = 0;
+      for (int64_t i = 0; i + window <= hi - lo; ++i) {
+        double sum = 0;
+        for (int64_t j = 0; j < window; ++j) {
+          const double v = wav[static_cast<size_t>(lo + i + j)];
+          sum += v * v;
+        }
+        if (sum / static_cast<double>(window) < best) best = sum / static_cast<double>(window), best_at = i;
+      }
+      cut = lo + best_at + window / 2;
+    }
+    cut = std::max(cut, start + rate);  // at least a second
+    out.push_back({start, cut});
+    start = cut;
+  }
+  return out;
+}
+
+namespace {
+
+Transcript transcribe_one(const SpeechModel& sm, const Tokenizer& tokenizer, std::span<const float> samples,
+                          const TranscribeOptions& options, ThreadPool& pool) {
   using Clock = std::chrono::steady_clock;
   const auto seconds = [](Clock::time_point a, Clock::time_point b) {
     return std::chrono::duration<double>(b - a).count();
@@ -459,6 +497,34 @@ Transcript transcribe(const SpeechModel& sm, const Tokenizer& tokenizer, std::sp
   }
   out.decode_seconds = seconds(t3, Clock::now());
   out.text = tokenizer.decode(out.token_ids);
+  return out;
+}
+
+}  // namespace
+
+Transcript transcribe(const SpeechModel& sm, const Tokenizer& tokenizer, std::span<const float> samples,
+                      const TranscribeOptions& options, ThreadPool& pool) {
+  const std::vector<AudioChunk> chunks = split_audio(samples, sm.mel.sample_rate, options.chunk_seconds);
+  if (chunks.size() == 1) return transcribe_one(sm, tokenizer, samples, options, pool);
+  // mlx_audio's generate: the chunks in turn, each zero-padded to a second, sharing max_tokens; texts joined by
+  // spaces
+  Transcript out;
+  for (const AudioChunk& c : chunks) {
+    if (static_cast<int64_t>(out.token_ids.size()) >= options.max_tokens) break;
+    std::vector<float> wav(samples.begin() + c.begin, samples.begin() + c.end);
+    wav.resize(std::max<size_t>(wav.size(), static_cast<size_t>(sm.mel.sample_rate)), 0.0f);
+    TranscribeOptions o = options;
+    o.max_tokens = options.max_tokens - static_cast<int64_t>(out.token_ids.size());
+    const Transcript t = transcribe_one(sm, tokenizer, wav, o, pool);
+    out.text += (out.text.empty() ? "" : " ") + t.text;
+    out.token_ids.insert(out.token_ids.end(), t.token_ids.begin(), t.token_ids.end());
+    out.audio_tokens += t.audio_tokens;
+    out.prompt_tokens += t.prompt_tokens;
+    out.features_seconds += t.features_seconds;
+    out.encoder_seconds += t.encoder_seconds;
+    out.prefill_seconds += t.prefill_seconds;
+    out.decode_seconds += t.decode_seconds;
+  }
   return out;
 }
 

@@ -231,6 +231,46 @@ TEST(Qwen3AsrPhonon, PackedDecodersMatchTheirDequantizedWeights) {
   }
 }
 
+TEST(Qwen3Asr, LongAudioSplitsAsTheReference) {
+  const std::vector<float> one = speech();
+  for (const json& c : expected().at("chunks")) {
+    std::vector<float> wav;
+    for (int64_t i = 0; i < c.at("repeat").get<int64_t>(); ++i) wav.insert(wav.end(), one.begin(), one.end());
+    std::vector<int64_t> starts;
+    const std::vector<AudioChunk> chunks = split_audio(wav, 16000, c.at("seconds").get<double>());
+    for (const AudioChunk& a : chunks) starts.push_back(a.begin);
+    EXPECT_EQ(starts, c.at("starts").get<std::vector<int64_t>>()) << c.dump();
+    EXPECT_EQ(chunks.back().end, static_cast<int64_t>(wav.size()));
+    for (size_t i = 1; i < chunks.size(); ++i) EXPECT_EQ(chunks[i].begin, chunks[i - 1].end);
+  }
+  const std::vector<AudioChunk> whole{{0, static_cast<int64_t>(one.size())}};
+  EXPECT_EQ(split_audio(one, 16000, 1200.0), whole);
+}
+
+TEST_F(Qwen3AsrModel, ChunkedAudioIsTranscribedChunkByChunk) {
+  // Each chunk transcribed alone, zero-padded to a second, within what is left of max_tokens: the same ids.
+  const auto tokenizer = load_tokenizer_for(*model_->decoder, kModel, std::nullopt);
+  ThreadPool pool(2);
+  const std::vector<float> wav = speech();
+  const Transcript whole =
+      transcribe(*model_, *tokenizer, wav, {.language = std::nullopt, .max_tokens = 40, .chunk_seconds = 1.0}, pool);
+  std::vector<int32_t> want;
+  int64_t audio_tokens = 0;
+  for (const AudioChunk& c : split_audio(wav, 16000, 1.0)) {
+    std::vector<float> part(wav.begin() + c.begin, wav.begin() + c.end);
+    part.resize(std::max<size_t>(part.size(), 16000), 0.0f);
+    const Transcript t =
+        transcribe(*model_, *tokenizer, part,
+                   {.language = std::nullopt, .max_tokens = 40 - static_cast<int64_t>(want.size())}, pool);
+    want.insert(want.end(), t.token_ids.begin(), t.token_ids.end());
+    audio_tokens += t.audio_tokens;
+    if (want.size() >= 40) break;
+  }
+  EXPECT_EQ(whole.token_ids, want);
+  EXPECT_EQ(whole.audio_tokens, audio_tokens);
+  EXPECT_GT(whole.token_ids.size(), 16u);
+}
+
 TEST_F(Qwen3AsrModel, AudioChangesTheTranscript) {
   // The same model on silence: the audio rows reach the decoder, so the ids differ.
   const auto tokenizer = load_tokenizer_for(*model_->decoder, kModel, std::nullopt);

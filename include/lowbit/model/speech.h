@@ -10,6 +10,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -85,7 +86,17 @@ std::vector<float> encode_audio(const SpeechModel& model, const LogMel& mel, Thr
 struct TranscribeOptions {
   std::optional<std::string> language;  // forces "language <L><asr_text>" after the prompt
   int64_t max_tokens = 1024;
+  double chunk_seconds = 1200.0;  // longer audio is split (split_audio), as mlx_audio's chunk_duration
 };
+
+// Samples [begin, end) of one chunk of long audio.
+struct AudioChunk {
+  int64_t begin = 0, end = 0;
+  bool operator==(const AudioChunk&) const = default;
+};
+// mlx_audio's split_audio_into_chunks: audio of at most chunk_seconds is one chunk; longer audio is cut near each
+// chunk_seconds mark at the lowest mean energy over 100 ms windows within 5 s of it, each chunk at least a second.
+std::vector<AudioChunk> split_audio(std::span<const float> samples, int64_t rate, double chunk_seconds);
 
 struct Transcript {
   std::string text;                // decoded token_ids
@@ -94,7 +105,8 @@ struct Transcript {
   double features_seconds = 0, encoder_seconds = 0, prefill_seconds = 0, decode_seconds = 0;
 };
 
-// Greedy transcription of 16 kHz mono samples.
+// Greedy transcription of 16 kHz mono samples; audio split into several chunks is transcribed chunk by chunk
+// (each zero-padded to a second) within one max_tokens, the texts joined by spaces, as mlx_audio does.
 Transcript transcribe(const SpeechModel& model, const Tokenizer& tokenizer, std::span<const float> samples,
                       const TranscribeOptions& options, ThreadPool& pool);
 
