@@ -8,7 +8,8 @@ are never committed) with the Qwen3 tokenizer of ../shared/tokenizers/qwen3 plus
 Speech comes from espeak-ng (Debian), resampled to 16 kHz with python-soxr and stored as 16-bit PCM.
 
 Committed under tests/model/fixtures/qwen3_asr/: speech.wav and expected.json, which holds slices of the
-reference's log-mel features and projected encoder output, the prompt ids and the greedy token ids. The prompt is
+reference's log-mel features and projected encoder output, the prompt ids and the greedy token ids, and where
+mlx_audio's split_audio_into_chunks (pip install mlx-audio) cuts the speech repeated into long audio. The prompt is
 mlx_audio's Qwen3-ASR prompt (the original implementation's): an empty system turn, the audio placeholders, the
 assistant turn.
 
