@@ -3,11 +3,13 @@
 // here by the script's counter-based generator (the same bytes; nothing large is committed).
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <regex>
 #include <string>
 #include <vector>
@@ -107,8 +109,11 @@ void write_named(const fs::path& path, std::vector<std::pair<std::string, Tensor
   io::write_safetensors(path, views);
 }
 
-// The model directory of scripts/make_depth_fixtures.py's write_model.
-void write_model(const fs::path& dir, bool quantized, DType dt) {
+using Tensors = std::vector<std::pair<std::string, TensorBuffer>>;
+using Edit = std::function<void(Tensors&, nlohmann::json&)>;
+
+// The model directory of scripts/make_depth_fixtures.py's write_model; `edit` may spoil it before it is written.
+void write_model(const fs::path& dir, bool quantized, DType dt, const Edit& edit = {}) {
   fs::create_directories(dir);
   std::vector<std::pair<std::string, TensorBuffer>> out;
   nlohmann::json recipe = nlohmann::json::object();
@@ -142,13 +147,14 @@ void write_model(const fs::path& dir, bool quantized, DType dt) {
                        return sym(s.name, i, a);
                      }));
   }
+  if (edit) edit(out, recipe);
   write_named(dir / "depth.safetensors", out);
   if (!recipe.empty()) std::ofstream(dir / "quant.json") << nlohmann::json{{"tensors", recipe}}.dump();
 }
 
-void write_inputs(const fs::path& file, const std::string& variant, int64_t frames, bool speaker, bool force) {
+Tensors make_inputs(const std::string& variant, int64_t frames, bool speaker, bool force) {
   const std::string p = variant + ".";
-  std::vector<std::pair<std::string, TensorBuffer>> in;
+  Tensors in;
   in.emplace_back("h", floats(DType::BF16, {frames, kHidden}, [&](uint64_t i) { return sym(p + "h", i, 1.0f); }));
   TensorBuffer cb0 = make_buffer(DType::I32, {frames});
   for (int64_t i = 0; i < frames; ++i) cb0.as<int32_t>()[i] = static_cast<int32_t>(at(p + "cb0", i) % 2048);
@@ -162,7 +168,7 @@ void write_inputs(const fs::path& file, const std::string& variant, int64_t fram
   }
   if (speaker)
     in.emplace_back("speaker", floats(DType::F32, {kD}, [&](uint64_t i) { return sym(p + "speaker", i, 1.0f); }));
-  write_named(file, in);
+  return in;
 }
 
 DType dtype_of(const std::string& name) {
@@ -179,7 +185,8 @@ TEST_P(DepthFixture, MatchesTheSeedOnMlx) {
   ASSERT_GE(frames, 64);
   const fs::path dir = fs::temp_directory_path() / fmt::format("lowbit_depth_{}_{}", GetParam(), ::getpid());
   write_model(dir, info["quantized"].get<bool>(), dt);
-  write_inputs(dir / "in.safetensors", GetParam(), frames, info["speaker"].get<bool>(), info["force"].get<bool>());
+  auto in = make_inputs(GetParam(), frames, info["speaker"].get<bool>(), info["force"].get<bool>());
+  write_named(dir / "in.safetensors", in);
   auto model = DepthDecoder::load(dir, {.dtype = dt});
   run_depth_file(model, dir / "in.safetensors", dir / "out.safetensors", true);
 
@@ -210,6 +217,157 @@ TEST_P(DepthFixture, MatchesTheSeedOnMlx) {
 
 INSTANTIATE_TEST_SUITE_P(Variants, DepthFixture, ::testing::Values("dense_f16", "quant_f16", "dense_bf16", "dense_f32"),
                          [](const auto& info) { return info.param; });
+
+// Runs `fn`, which must throw a lowbit::Error of `code` whose message names `name` in quotes.
+template <class Fn>
+void expect_refused(Fn fn, Errc code, const std::string& name) {
+  try {
+    fn();
+    ADD_FAILURE() << "accepted; expected an error naming '" << name << "'";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), code) << e.what();
+    EXPECT_NE(std::string(e.what()).find("'" + name + "'"), std::string::npos) << e.what();
+    EXPECT_EQ(exit_code(e.code()), 3) << e.what();
+  }
+}
+
+class DepthRefusals : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = fs::temp_directory_path() / fmt::format("lowbit_depth_refusals_{}", ::getpid());
+    write_model(dir_ / "good", false, DType::F16);
+  }
+  static void TearDownTestSuite() { fs::remove_all(dir_); }
+
+  // Writes the inputs of 2 frames after `edit`, and runs them.
+  void run_inputs(const std::function<void(Tensors&)>& edit) {
+    auto in = make_inputs("refusals", 2, true, true);
+    edit(in);
+    write_named(dir_ / "in.safetensors", in);
+    auto model = DepthDecoder::load(dir_ / "good");
+    run_depth_file(model, dir_ / "in.safetensors", dir_ / "out.safetensors", false);
+  }
+  static TensorBuffer& named(Tensors& t, const std::string& name) {
+    for (auto& [n, b] : t)
+      if (n == name) return b;
+    throw std::runtime_error("no tensor " + name);
+  }
+  static void drop(Tensors& t, const std::string& name) {
+    std::erase_if(t, [&](const auto& e) { return e.first == name; });
+  }
+  static void load_edited(const Edit& edit, bool quantized = false) {
+    write_model(dir_ / "bad", quantized, DType::F16, edit);
+    DepthDecoder::load(dir_ / "bad");
+  }
+  static fs::path dir_;
+};
+fs::path DepthRefusals::dir_;
+
+TEST_F(DepthRefusals, GoodInputsRun) {
+  run_inputs([](Tensors&) {});
+  const auto out = io::SafetensorsFile::open(dir_ / "out.safetensors");
+  EXPECT_EQ(out.tensor("codes").shape, (Shape{2, 32}));
+  EXPECT_FALSE(out.contains("logits"));
+}
+
+TEST_F(DepthRefusals, BadInputsNameTheTensor) {
+  expect_refused([&] { run_inputs([](Tensors& t) {
+                         named(t, "h") = make_buffer(DType::F16, {2, kHidden});
+                       }); },
+                 Errc::dtype, "h");
+  expect_refused([&] { run_inputs([](Tensors& t) {
+                         named(t, "h") = make_buffer(DType::BF16, {2, kHidden + 1});
+                       }); },
+                 Errc::shape, "h");
+  expect_refused([&] { run_inputs([](Tensors& t) { named(t, "cb0") = make_buffer(DType::I32, {3}); }); }, Errc::shape,
+                 "cb0");
+  expect_refused([&] { run_inputs([](Tensors& t) { named(t, "cb0").as<int32_t>()[1] = 2048; }); }, Errc::reserved_code,
+                 "cb0");
+  expect_refused([&] { run_inputs([](Tensors& t) { drop(t, "cb0"); }); }, Errc::format, "cb0");
+  expect_refused([&] { run_inputs([](Tensors& t) {
+                         named(t, "uniform") = make_buffer(DType::F32, {2, 32, 2048});
+                       }); },
+                 Errc::shape, "uniform");
+  expect_refused([&] { run_inputs([](Tensors& t) {
+                         named(t, "uniform") = make_buffer(DType::F16, {2, 31, 2048});
+                       }); },
+                 Errc::dtype, "uniform");
+  expect_refused([&] { run_inputs([](Tensors& t) {
+                         named(t, "force") = make_buffer(DType::I32, {2, 31});
+                       }); },
+                 Errc::shape, "force");
+  expect_refused([&] { run_inputs([](Tensors& t) { named(t, "force").as<int32_t>()[5] = -1; }); }, Errc::reserved_code,
+                 "force");
+  expect_refused([&] { run_inputs([](Tensors& t) { named(t, "speaker") = make_buffer(DType::F32, {kD + 16}); }); },
+                 Errc::shape, "speaker");
+  expect_refused([&] { run_inputs([](Tensors& t) { named(t, "speaker") = make_buffer(DType::I32, {kD}); }); },
+                 Errc::dtype, "speaker");
+  expect_refused([&] { run_inputs([](Tensors& t) { t.emplace_back("extra", make_buffer(DType::F32, {1})); }); },
+                 Errc::format, "extra");
+  EXPECT_FALSE(fs::exists(dir_ / "out.safetensors.tmp"));
+}
+
+TEST_F(DepthRefusals, BadModelsNameTheTensor) {
+  expect_refused([] { load_edited([](Tensors& t, nlohmann::json&) { drop(t, "heads.3.weight"); }); }, Errc::format,
+                 "heads.3.weight");
+  expect_refused(
+      [] {
+        load_edited([](Tensors& t, nlohmann::json&) {
+          named(t, "groups.2.1.o.weight") = make_buffer(DType::BF16, {kD, kD + 1});
+        });
+      },
+      Errc::shape, "groups.2.1.o.weight");
+  expect_refused(
+      [] { load_edited([](Tensors& t, nlohmann::json&) { named(t, "norm.bias") = make_buffer(DType::I32, {kD}); }); },
+      Errc::dtype, "norm.bias");
+  expect_refused(
+      [] {
+        load_edited(
+            [](Tensors& t, nlohmann::json&) { t.emplace_back("groups.11.0.o.weight", make_buffer(DType::BF16, {1})); });
+      },
+      Errc::format, "groups.11.0.o.weight");
+  expect_refused(
+      [] {
+        load_edited(
+            [](Tensors& t, nlohmann::json&) {
+              named(t, "in_proj.weight.scales") = make_buffer(DType::F16, {kD, kHidden / 32});
+            },
+            true);
+      },
+      Errc::shape, "in_proj.weight.scales");
+  expect_refused(
+      [] {
+        load_edited([](Tensors&, nlohmann::json& r) { r["groups.0.1.qkv.weight"]["shape"] = {kD, kD}; }, true);
+      },
+      Errc::shape, "groups.0.1.qkv.weight");
+  expect_refused(
+      [] {
+        load_edited(
+            [](Tensors& t, nlohmann::json& r) {
+              r["level_emb.weight"] = {{"bits", 4}, {"group_size", 64}, {"shape", {32, kD}}};
+              t.emplace_back("level_emb.weight.q", make_buffer(DType::U32, {32, kD / 8}));
+            },
+            true);
+      },
+      Errc::unsupported, "level_emb.weight");
+}
+
+TEST_F(DepthRefusals, CliExitsThreeNamingTheTensor) {
+  auto in = make_inputs("refusals", 2, false, false);
+  named(in, "uniform") = make_buffer(DType::F32, {2, 31, 2047});
+  write_named(dir_ / "cli_in.safetensors", in);
+  const std::string cmd = fmt::format("{} depth {} --inputs {} --out {} 2> {}", LOWBIT_CLI, (dir_ / "good").string(),
+                                      (dir_ / "cli_in.safetensors").string(), (dir_ / "cli_out.safetensors").string(),
+                                      (dir_ / "cli_err.txt").string());
+  const int status = std::system(cmd.c_str());
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 3);
+  std::ifstream err(dir_ / "cli_err.txt");
+  std::string line;
+  std::getline(err, line);
+  EXPECT_NE(line.find("'uniform'"), std::string::npos) << line;
+  EXPECT_FALSE(fs::exists(dir_ / "cli_out.safetensors"));
+}
 
 }  // namespace
 }  // namespace lowbit::model
