@@ -62,16 +62,25 @@ def fnv1a(name):
 
 def stream(name, n):
     """splitmix64(key + i) for i < n, key = fnv1a64(name) ^ SEED."""
+    return stream_from(name, 0, n)
+
+
+def stream_from(name, start, n):
     with np.errstate(over="ignore"):
-        z = np.uint64((fnv1a(name) ^ SEED) & M64) + np.arange(n, dtype=np.uint64) + np.uint64(0x9E3779B97F4A7C15)
+        z = (np.uint64((fnv1a(name) ^ SEED) & M64) + np.arange(start, start + n, dtype=np.uint64) +
+             np.uint64(0x9E3779B97F4A7C15))
         z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
         z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
         return z ^ (z >> np.uint64(31))
 
 
 def unif(name, n):
-    """Uniform in (0, 1), exact in fp32: (2 * (x >> 41) + 1) * 2^-25."""
-    return ((stream(name, n) >> np.uint64(41)) * np.uint64(2) + np.uint64(1)).astype(np.float32) * np.float32(2.0 ** -25)
+    """Uniform in (0, 1), exact in fp32: (2 * (x >> 41) + 1) * 2^-25 (made in chunks: full-size tables are large)."""
+    out = np.empty(n, np.float32)
+    for at in range(0, n, 1 << 23):
+        x = stream_from(name, at, min(n - at, 1 << 23))
+        out[at:at + len(x)] = ((x >> np.uint64(41)) * np.uint64(2) + np.uint64(1)).astype(np.float32)
+    return out * np.float32(2.0 ** -25)
 
 
 def sym(name, n, amp):
@@ -226,7 +235,12 @@ def main():
     ap.add_argument("--variants", nargs="*", default=list(VARIANTS))
     ap.add_argument("--write-model", metavar="DIR",
                     help="only write the first variant's model directory and DIR/inputs.safetensors")
+    ap.add_argument("--shape", metavar="D,FFN,RANK,HIDDEN,FRAMES",
+                    help="with --write-model: other sizes (the seed's: 1024,4096,256,2048 for a speed test)")
     args = ap.parse_args()
+    if args.shape:
+        global D, FFN, RANK, HIDDEN, FRAMES
+        D, FFN, RANK, HIDDEN, FRAMES = (int(v) for v in args.shape.split(","))
     if args.write_model:
         dtype, quantized, speaker, force = VARIANTS[args.variants[0]]
         os.makedirs(args.write_model, exist_ok=True)

@@ -628,7 +628,7 @@ void run_depth_file(DepthDecoder& model, const fs::path& in, const fs::path& out
   auto codes = make_buffer(DType::I32, {frames, kDepthLevels});
   auto feedback = make_buffer(model.feedback_dtype(), {frames, hidden});
   auto all_logits = make_buffer(model.dtype(), logits ? Shape{frames, kSampled, kDepthCodes} : Shape{0});
-  default_pool().parallel_for(static_cast<size_t>(frames), 1, [&](size_t f0, size_t f1) {
+  auto run = [&](size_t f0, size_t f1) {
     for (auto t = static_cast<int64_t>(f0); t < static_cast<int64_t>(f1); ++t) {
       const DepthFrameIn fin{{h.as<uint16_t>() + t * hidden, static_cast<size_t>(hidden)},
                              cb0.as<int32_t>()[t],
@@ -643,7 +643,12 @@ void run_depth_file(DepthDecoder& model, const fs::path& in, const fs::path& out
         store_float(model.dtype(), all_logits.bytes.data(), t * static_cast<int64_t>(nlog) + static_cast<int64_t>(i),
                     o.logits[i]);
     }
-  });
+  };
+  // Frames are independent: with at least one per thread they run in parallel, else each matmul does.
+  if (static_cast<size_t>(frames) >= default_pool().size())
+    default_pool().parallel_for(static_cast<size_t>(frames), 1, run);
+  else
+    run(0, static_cast<size_t>(frames));
   std::vector<std::pair<std::string, TensorView>> tensors{{"codes", codes.view()}, {"feedback", feedback.view()}};
   if (logits) tensors.emplace_back("logits", all_logits.view());
   std::random_device rd;

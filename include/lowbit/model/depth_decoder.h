@@ -73,7 +73,8 @@ class DepthDecoder {
 };
 
 // `lowbit depth`: reads IN (h, cb0, uniform, optional force and speaker; every tensor checked, exit 3 naming
-// it), runs every frame (frames in parallel on the thread pool) and writes OUT atomically: codes [frames, 32] I32,
+// it), runs every frame (in parallel on the thread pool: whole frames, or each matmul when there are fewer frames
+// than threads) and writes OUT atomically: codes [frames, 32] I32,
 // feedback [frames, hidden] in the feedback dtype and, with `logits`, logits [frames, 31, 2048] in the compute
 // dtype.
 void run_depth_file(DepthDecoder& model, const std::filesystem::path& in, const std::filesystem::path& out,
