@@ -100,7 +100,7 @@ struct Source {
 };
 
 // A linear layer [n, k] in panels of kPanel outputs: panel p holds, for each input j, its kPanel weights.
-constexpr int64_t kPanel = 16;
+constexpr int64_t kPanel = 32;
 struct Linear {
   int64_t n = 0, k = 0;
   std::vector<float> panels;
@@ -116,23 +116,41 @@ struct Linear {
   }
 };
 
+// out[r] = sum over j in order of x[r, j] * panel[j], for kRows rows: products and sums are separate fp32
+// operations (fp-contract=off: no FMA), vectorized across the panel's outputs only. One clone per ISA, picked at
+// load time.
+template <int kRows>
+__attribute__((target_clones("avx512f", "avx2", "default"), optimize("fp-contract=off"))) void panel_rows(
+    const float* x, int64_t k, const float* panel, float (*out)[kPanel]) {
+  float acc[kRows][kPanel] = {};
+  for (int64_t j = 0; j < k; ++j) {
+    const float* wj = panel + j * kPanel;
+    for (int r = 0; r < kRows; ++r) {
+      const float a = x[r * k + j];
+      for (int64_t c = 0; c < kPanel; ++c) acc[r][c] += a * wj[c];
+    }
+  }
+  for (int r = 0; r < kRows; ++r) std::copy_n(acc[r], kPanel, out[r]);
+}
+
 // out[t, :] = round(x[t, :] @ w.T): each output summed over the inputs in order in fp32, then rounded once.
 void matmul(const float* x, int64_t rows, const Linear& w, DType dt, float* out) {
+  constexpr int kRows = 4;
   const int64_t np = (w.n + kPanel - 1) / kPanel;
   const size_t grain = static_cast<size_t>(std::max<int64_t>(1, 32768 / std::max<int64_t>(1, rows * w.k)));
   default_pool().parallel_for(static_cast<size_t>(np), grain, [&](size_t p0, size_t p1) {
     for (auto p = static_cast<int64_t>(p0); p < static_cast<int64_t>(p1); ++p) {
       const float* panel = w.panels.data() + p * w.k * kPanel;
       const int64_t width = std::min(kPanel, w.n - p * kPanel);
-      for (int64_t t = 0; t < rows; ++t) {
-        float acc[kPanel] = {};
-        const float* xr = x + t * w.k;
-        for (int64_t j = 0; j < w.k; ++j) {
-          const float a = xr[j];
-          const float* wj = panel + j * kPanel;
-          for (int64_t c = 0; c < kPanel; ++c) acc[c] += a * wj[c];
-        }
-        for (int64_t c = 0; c < width; ++c) out[t * w.n + p * kPanel + c] = round_to(dt, acc[c]);
+      for (int64_t t = 0; t < rows; t += kRows) {
+        float acc[kRows][kPanel];
+        const int64_t block = std::min<int64_t>(kRows, rows - t);
+        if (block == kRows)
+          panel_rows<kRows>(x + t * w.k, w.k, panel, acc);
+        else
+          for (int64_t r = 0; r < block; ++r) panel_rows<1>(x + (t + r) * w.k, w.k, panel, acc + r);
+        for (int64_t r = 0; r < block; ++r)
+          for (int64_t c = 0; c < width; ++c) out[(t + r) * w.n + p * kPanel + c] = round_to(dt, acc[r][c]);
       }
     }
   });
