@@ -674,11 +674,16 @@ void run_depth_file(DepthDecoder& model, const fs::path& in, const fs::path& out
   const fs::path tmp = dir / fmt::format(".{}.tmp-{}-{:08x}", out.filename().string(), ::getpid(), rd());
   try {
     io::write_safetensors(tmp, tensors);
-    fs::rename(tmp, out);
   } catch (...) {
     std::error_code ec;
     fs::remove(tmp, ec);
     throw;
+  }
+  std::error_code ec;
+  fs::rename(tmp, out, ec);
+  if (ec) {
+    fs::remove(tmp, ec);
+    fail(Errc::io, "[depth] {}: cannot rename the output into place", out.string());
   }
 }
 
