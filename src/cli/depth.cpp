@@ -26,8 +26,7 @@ void run(const Options& o) {
   set_default_threads(o.threads);
   const DType dtype = o.dtype == "f16" ? DType::F16 : o.dtype == "bf16" ? DType::BF16 : DType::F32;
   const auto t0 = std::chrono::steady_clock::now();
-  auto model = model::DepthDecoder::load(
-      o.model, {.dtype = dtype, .temperature = static_cast<float>(o.temperature), .top_k = o.top_k});
+  auto model = model::DepthDecoder::load(o.model, {.dtype = dtype, .temperature = o.temperature, .top_k = o.top_k});
   const auto t1 = std::chrono::steady_clock::now();
   model::run_depth_file(model, o.inputs, o.out, o.logits);
   const auto t2 = std::chrono::steady_clock::now();

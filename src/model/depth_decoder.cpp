@@ -117,11 +117,18 @@ struct Linear {
 };
 
 // out[r] = sum over j in order of x[r, j] * panel[j], for kRows rows: products and sums are separate fp32
-// operations (fp-contract=off: no FMA), vectorized across the panel's outputs only. One clone per ISA, picked at
-// load time.
+// operations (no contraction into FMA, which would change the bits), vectorized across the panel's outputs only.
+#if defined(__clang__)
+#define LOWBIT_NO_FP_CONTRACT
+#else
+#define LOWBIT_NO_FP_CONTRACT __attribute__((optimize("fp-contract=off")))
+#endif
 template <int kRows>
-__attribute__((target_clones("avx512f", "avx2", "default"), optimize("fp-contract=off"))) void panel_rows(
-    const float* x, int64_t k, const float* panel, float (*out)[kPanel]) {
+LOWBIT_NO_FP_CONTRACT inline __attribute__((always_inline)) void panel_rows(const float* x, int64_t k,
+                                                                            const float* panel, float (*out)[kPanel]) {
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#endif
   float acc[kRows][kPanel] = {};
   for (int64_t j = 0; j < k; ++j) {
     const float* wj = panel + j * kPanel;
@@ -133,9 +140,19 @@ __attribute__((target_clones("avx512f", "avx2", "default"), optimize("fp-contrac
   for (int r = 0; r < kRows; ++r) std::copy_n(acc[r], kPanel, out[r]);
 }
 
+// One clone per ISA, picked at load time.
+constexpr int kRows = 4;
+__attribute__((target_clones("avx512f", "avx2", "default"))) LOWBIT_NO_FP_CONTRACT void panel_4rows(
+    const float* x, int64_t k, const float* panel, float (*out)[kPanel]) {
+  panel_rows<kRows>(x, k, panel, out);
+}
+__attribute__((target_clones("avx512f", "avx2", "default"))) LOWBIT_NO_FP_CONTRACT void panel_1row(
+    const float* x, int64_t k, const float* panel, float (*out)[kPanel]) {
+  panel_rows<1>(x, k, panel, out);
+}
+
 // out[t, :] = round(x[t, :] @ w.T): each output summed over the inputs in order in fp32, then rounded once.
 void matmul(const float* x, int64_t rows, const Linear& w, DType dt, float* out) {
-  constexpr int kRows = 4;
   const int64_t np = (w.n + kPanel - 1) / kPanel;
   const size_t grain = static_cast<size_t>(std::max<int64_t>(1, 32768 / std::max<int64_t>(1, rows * w.k)));
   default_pool().parallel_for(static_cast<size_t>(np), grain, [&](size_t p0, size_t p1) {
@@ -146,9 +163,9 @@ void matmul(const float* x, int64_t rows, const Linear& w, DType dt, float* out)
         float acc[kRows][kPanel];
         const int64_t block = std::min<int64_t>(kRows, rows - t);
         if (block == kRows)
-          panel_rows<kRows>(x + t * w.k, w.k, panel, acc);
+          panel_4rows(x + t * w.k, w.k, panel, acc);
         else
-          for (int64_t r = 0; r < block; ++r) panel_rows<1>(x + (t + r) * w.k, w.k, panel, acc + r);
+          for (int64_t r = 0; r < block; ++r) panel_1row(x + (t + r) * w.k, w.k, panel, acc + r);
         for (int64_t r = 0; r < block; ++r)
           for (int64_t c = 0; c < width; ++c) out[(t + r) * w.n + p * kPanel + c] = round_to(dt, acc[r][c]);
       }
@@ -277,7 +294,9 @@ class Reader {
     const auto j = io::read_json_file(quant_, "[depth]", kMaxQuantJson);
     if (!j.is_object() || !j.contains("tensors") || !j["tensors"].is_object())
       fail(Errc::format, "[depth] {}: field 'tensors' must be an object", quant_.string());
-    for (const auto& [name, r] : j["tensors"].items()) {
+    for (const auto& item : j["tensors"].items()) {
+      const std::string& name = item.key();
+      const nlohmann::json& r = item.value();
       auto field = [&](const char* key) -> const nlohmann::json& {
         if (!r.is_object() || !r.contains(key))
           fail(Errc::format, "[depth] {}: tensors.{}.{} is missing", quant_.string(), name, key);
@@ -352,12 +371,12 @@ DepthDecoder DepthDecoder::load(const fs::path& dir, const DepthOptions& options
     fail(Errc::usage, "[depth] compute dtype {} is not f16, bf16 or f32", dtype_name(options.dtype));
   if (options.top_k < 1 || options.top_k > kDepthCodes)
     fail(Errc::usage, "[depth] top_k {} is not in [1, {}]", options.top_k, kDepthCodes);
-  if (!(options.temperature > 0.0f)) fail(Errc::usage, "[depth] temperature must be positive");
+  if (!(options.temperature > 0.0)) fail(Errc::usage, "[depth] temperature must be positive");
   Reader rd(dir);
   const DType dt = options.dtype;
   auto impl = std::make_unique<Impl>();
   impl->options = options;
-  impl->inv_temp = static_cast<float>(1.0 / static_cast<double>(options.temperature));
+  impl->inv_temp = static_cast<float>(1.0 / options.temperature);
   const Shape lvl = rd.require_shape("level_emb.weight", 2);
   const int64_t d = lvl[1];
   if (d < kDepthHeads || d % kDepthHeads != 0)
@@ -593,7 +612,7 @@ namespace {
 TensorView input(const io::SafetensorsFile& f, const fs::path& path, std::string_view name, DType dtype,
                  const Shape& shape) {
   if (!f.contains(name)) bad_tensor(Errc::format, path, name, "missing");
-  const TensorView v = f.tensor(name);
+  TensorView v = f.tensor(name);
   if (v.dtype != dtype)
     bad_tensor(Errc::dtype, path, name, fmt::format("dtype {}, expected {}", dtype_name(v.dtype), dtype_name(dtype)));
   if (v.shape != shape)

@@ -105,6 +105,7 @@ TensorBuffer floats(DType dt, Shape shape, const std::function<float(uint64_t)>&
 
 void write_named(const fs::path& path, std::vector<std::pair<std::string, TensorBuffer>>& buffers) {
   std::vector<std::pair<std::string, TensorView>> views;
+  views.reserve(buffers.size());
   for (auto& [name, b] : buffers) views.emplace_back(name, b.view());
   io::write_safetensors(path, views);
 }

@@ -28,7 +28,7 @@ inline constexpr std::array<int, kDepthLevels> kDepthGroupOfLevel = {
 
 struct DepthOptions {
   DType dtype = DType::F16;  // compute dtype: F16, BF16 or F32
-  float temperature = 0.7f;
+  double temperature = 0.7;  // the sampler scales logits by fp32(1 / temperature), as the seed does
   int top_k = 64;
 };
 
