@@ -179,7 +179,7 @@ struct Norm {
 
 // The seed's layer_norm: fp32 statistics (sums in order, biased variance), one rounding.
 void layer_norm(const float* x, int64_t rows, int64_t d, const Norm& n, DType dt, float* out) {
-  const float inv = 1.0f / static_cast<float>(d);
+  const auto inv = static_cast<float>(1.0 / static_cast<double>(d));  // MLX: mean = sum x fp32(1 / n)
   for (int64_t t = 0; t < rows; ++t) {
     const float* xr = x + t * d;
     float sum = 0.0f;
@@ -596,7 +596,7 @@ DepthFrameOut DepthDecoder::frame(const DepthFrameIn& in, bool want_logits) cons
     v = round_to(fdt, round_to(fdt, v) * fb_inv);
     sq += v * v;
   }
-  const float rs = 1.0f / std::sqrt(sq * (1.0f / static_cast<float>(m.hidden)) + 0x1p-23f);
+  const float rs = 1.0f / std::sqrt(sq * static_cast<float>(1.0 / static_cast<double>(m.hidden)) + 0x1p-23f);
   out.feedback.resize(static_cast<size_t>(m.hidden));
   for (int64_t i = 0; i < m.hidden; ++i) out.feedback[i] = round_to(fdt, sum[i] * rs * m.fb_w[i]);
   return out;
