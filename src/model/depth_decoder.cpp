@@ -510,6 +510,12 @@ DepthFrameOut DepthDecoder::frame(const DepthFrameIn& in, bool want_logits) cons
   const DType dt = m.options.dtype;
   const int64_t d = m.d;
   const int64_t ffn = m.groups[0][0].f1.n;
+  if (static_cast<int64_t>(in.h.size()) != m.hidden || in.uniform.size() != size_t{kSampled} * kDepthCodes ||
+      (!in.force.empty() && in.force.size() != size_t{kDepthLevels}))
+    fail(Errc::shape, "[depth] frame: h, uniform or force has the wrong length");
+  auto is_code = [](int32_t c) { return c >= 0 && c < kDepthCodes; };
+  if (!is_code(in.cb0) || (!in.force.empty() && !std::all_of(in.force.begin() + 1, in.force.end() - 1, is_code)))
+    fail(Errc::reserved_code, "[depth] frame: cb0 or force holds a value outside [0, {})", kDepthCodes);
   DepthFrameOut out;
   if (want_logits) out.logits.resize(static_cast<size_t>(kSampled) * kDepthCodes);
   // prefix[level]: the input row of each position
