@@ -389,13 +389,20 @@ DepthDecoder DepthDecoder::load(const fs::path& dir, const DepthOptions& options
   impl->hidden = hidden;
   impl->head = d / kDepthHeads;
 
-  auto linear = [&](const std::string& name, int64_t n, int64_t k) {
-    return Linear::from(rd.take(name, {n, k}).weight(dt), n, k);
+  // Linears are checked in order here and converted to panels afterwards, in parallel.
+  struct Pending {
+    Source source;
+    Linear* target;
+    int64_t n, k, row0;
+  };
+  std::vector<Pending> pending;
+  auto linear = [&](Linear& target, const std::string& name, int64_t n, int64_t k) {
+    pending.push_back({rd.take(name, {n, k}), &target, n, k, 0});
   };
   auto norm = [&](const std::string& prefix) {
     return Norm{rd.take(prefix + ".weight", {d}).weight(dt), rd.take(prefix + ".bias", {d}).weight(dt)};
   };
-  impl->in_proj = linear("in_proj.weight", d, hidden);
+  linear(impl->in_proj, "in_proj.weight", d, hidden);
   impl->level_emb = rd.take("level_emb.weight", {kDepthLevels, d}).weight(dt);
   impl->code_lo = rd.take("code_lo.weight", {int64_t{kSampled} * kDepthCodes, rank});
   impl->code_up = rd.take("code_up.weight", {d, rank}).weight(dt);
@@ -405,17 +412,16 @@ DepthDecoder DepthDecoder::load(const fs::path& dir, const DepthOptions& options
       Block& b = impl->groups[g][li];
       b.n1 = norm(p + "n1");
       b.n2 = norm(p + "n2");
-      b.qkv = linear(p + "qkv.weight", 3 * d, d);
-      b.o = linear(p + "o.weight", d, d);
-      b.f1 = linear(p + "f1.weight", ffn, d);
-      b.f2 = linear(p + "f2.weight", d, ffn);
+      linear(b.qkv, p + "qkv.weight", 3 * d, d);
+      linear(b.o, p + "o.weight", d, d);
+      linear(b.f1, p + "f1.weight", ffn, d);
+      linear(b.f2, p + "f2.weight", d, ffn);
     }
   impl->norm = norm("norm");
-  for (int i = 0; i < kSampled; ++i) impl->heads[i] = linear(fmt::format("heads.{}.weight", i), kDepthCodes, d);
+  for (int i = 0; i < kSampled; ++i) linear(impl->heads[i], fmt::format("heads.{}.weight", i), kDepthCodes, d);
   for (int li = 0; li < kDepthLayers; ++li) {
-    const auto kv = rd.take(fmt::format("cross.{}.kv.weight", li), {2 * d, d}).weight(dt);
-    impl->cross_v[li] = Linear::from(kv, d, d, d);
-    impl->cross_o[li] = linear(fmt::format("cross.{}.o.weight", li), d, d);
+    pending.push_back({rd.take(fmt::format("cross.{}.kv.weight", li), {2 * d, d}), &impl->cross_v[li], d, d, d});
+    linear(impl->cross_o[li], fmt::format("cross.{}.o.weight", li), d, d);
   }
   const std::string null_name = rd.contains("null_mem.weight") ? "null_mem.weight" : "null_mem";
   const auto null_shape = rd.shape_of(null_name);
@@ -428,6 +434,12 @@ DepthDecoder DepthDecoder::load(const fs::path& dir, const DepthOptions& options
   impl->fb_w.resize(static_cast<size_t>(hidden));
   fbw.rows(0, 1, impl->fb_w.data());
   rd.finish();
+  default_pool().parallel_for(pending.size(), 1, [&](size_t i0, size_t i1) {
+    for (size_t i = i0; i < i1; ++i) {
+      const Pending& p = pending[i];
+      *p.target = Linear::from(p.source.weight(dt), p.n, p.k, p.row0);
+    }
+  });
   impl->file.emplace(rd.release());
   DepthDecoder model(std::move(impl));
   model.set_speaker({});
