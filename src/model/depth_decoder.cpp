@@ -10,6 +10,8 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstring>
+#include <deque>
 #include <limits>
 #include <map>
 #include <optional>
@@ -257,7 +259,7 @@ class Reader {
         if (v.shape != specs[i].shape)
           bad_tensor(Errc::shape, file_, stored,
                      fmt::format("shape {}, expected {}", shape_str(v.shape), shape_str(specs[i].shape)));
-        s.arrays.items.emplace_back(specs[i].role, v);
+        s.arrays.items.emplace_back(specs[i].role, aligned(v));
       }
       codec::affine::check_content(p, shape, s.arrays);
       s.affine = std::move(p);
@@ -281,6 +283,7 @@ class Reader {
 
   const fs::path& file() const { return file_; }
   io::SafetensorsFile release() { return std::move(st_); }
+  std::deque<TensorBuffer> release_copies() { return std::move(copies_); }
   bool contains(std::string_view name) const { return st_.contains(name) || recipe_.contains(std::string(name)); }
 
  private:
@@ -288,6 +291,14 @@ class Reader {
     if (!st_.contains(name)) bad_tensor(Errc::format, file_, name, "missing");
     used_.insert(name);
     return views_.emplace(name, st_.tensor(name)).first->second;
+  }
+
+  // A view the codec may read as its element type: a file written without alignment (MLX's writer) is copied.
+  TensorView aligned(const TensorView& v) {
+    if (reinterpret_cast<uintptr_t>(v.bytes.data()) % dtype_size(v.dtype) == 0) return v;
+    TensorBuffer& b = copies_.emplace_back(make_buffer(v.dtype, v.shape));
+    std::memcpy(b.bytes.data(), v.bytes.data(), v.bytes.size());
+    return b.view();
   }
 
   void read_recipe() {
@@ -320,6 +331,7 @@ class Reader {
   std::map<std::string, std::pair<codec::Params, Shape>> recipe_;
   std::map<std::string, TensorView> views_;
   std::set<std::string> used_;
+  std::deque<TensorBuffer> copies_;  // aligned copies of misaligned affine arrays
 };
 
 }  // namespace
@@ -327,6 +339,7 @@ class Reader {
 struct DepthDecoder::Impl {
   DepthOptions options;
   std::optional<io::SafetensorsFile> file;  // the mapping code_lo and table view
+  std::deque<TensorBuffer> copies;          // and their aligned copies
   int64_t d = 0, hidden = 0, head = 0;
   float inv_temp = 0.0f;
   Linear in_proj;
@@ -441,6 +454,7 @@ DepthDecoder DepthDecoder::load(const fs::path& dir, const DepthOptions& options
     }
   });
   impl->file.emplace(rd.release());
+  impl->copies = rd.release_copies();
   DepthDecoder model(std::move(impl));
   model.set_speaker({});
   return model;
@@ -638,6 +652,14 @@ TensorView input(const io::SafetensorsFile& f, const fs::path& path, std::string
   return v;
 }
 
+// The values of a view (files may leave tensors unaligned for their element type).
+template <class T>
+std::vector<T> values_of(const TensorView& v) {
+  std::vector<T> out(v.bytes.size() / sizeof(T));
+  std::memcpy(out.data(), v.bytes.data(), out.size() * sizeof(T));
+  return out;
+}
+
 void check_codes(const fs::path& path, std::string_view name, const int32_t* codes, int64_t n, int64_t stride,
                  int64_t first, int64_t last) {
   for (int64_t i = 0; i < n; ++i)
@@ -659,14 +681,14 @@ void run_depth_file(DepthDecoder& model, const fs::path& in, const fs::path& out
   if (hs.size() != 2 || hs[0] < 1)
     bad_input(in, "h", fmt::format("shape {}, expected [frames, {}]", shape_str(hs), model.hidden()));
   const int64_t frames = hs[0];
-  const auto h = input(f, in, "h", DType::BF16, {frames, model.hidden()});
-  const auto cb0 = input(f, in, "cb0", DType::I32, {frames});
-  const auto uniform = input(f, in, "uniform", DType::F32, {frames, kDepthLevels - 1, kDepthCodes});
-  check_codes(in, "cb0", cb0.as<int32_t>(), frames, 1, 0, 1);
-  std::optional<TensorView> force;
+  const auto h = values_of<uint16_t>(input(f, in, "h", DType::BF16, {frames, model.hidden()}));
+  const auto cb0 = values_of<int32_t>(input(f, in, "cb0", DType::I32, {frames}));
+  const auto uniform = values_of<float>(input(f, in, "uniform", DType::F32, {frames, kDepthLevels - 1, kDepthCodes}));
+  check_codes(in, "cb0", cb0.data(), frames, 1, 0, 1);
+  std::vector<int32_t> force;
   if (f.contains("force")) {
-    force = input(f, in, "force", DType::I32, {frames, kDepthLevels});
-    check_codes(in, "force", force->as<int32_t>(), frames, kDepthLevels, 1, kDepthLevels - 1);
+    force = values_of<int32_t>(input(f, in, "force", DType::I32, {frames, kDepthLevels}));
+    check_codes(in, "force", force.data(), frames, kDepthLevels, 1, kDepthLevels - 1);
   }
   std::vector<float> speaker;
   if (f.contains("speaker")) {
@@ -685,11 +707,11 @@ void run_depth_file(DepthDecoder& model, const fs::path& in, const fs::path& out
   auto all_logits = make_buffer(model.dtype(), logits ? Shape{frames, kSampled, kDepthCodes} : Shape{0});
   auto run = [&](size_t f0, size_t f1) {
     for (auto t = static_cast<int64_t>(f0); t < static_cast<int64_t>(f1); ++t) {
-      const DepthFrameIn fin{{h.as<uint16_t>() + t * hidden, static_cast<size_t>(hidden)},
-                             cb0.as<int32_t>()[t],
-                             {uniform.as<float>() + t * static_cast<int64_t>(nlog), nlog},
-                             force ? std::span<const int32_t>(force->as<int32_t>() + t * kDepthLevels, kDepthLevels)
-                                   : std::span<const int32_t>{}};
+      const DepthFrameIn fin{{h.data() + t * hidden, static_cast<size_t>(hidden)},
+                             cb0[t],
+                             {uniform.data() + t * static_cast<int64_t>(nlog), nlog},
+                             !force.empty() ? std::span<const int32_t>(force.data() + t * kDepthLevels, kDepthLevels)
+                                            : std::span<const int32_t>{}};
       const DepthFrameOut o = model.frame(fin, logits);
       std::copy(o.codes.begin(), o.codes.end(), codes.as<int32_t>() + t * kDepthLevels);
       for (int64_t i = 0; i < hidden; ++i)
