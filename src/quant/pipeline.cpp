@@ -28,6 +28,12 @@ namespace {
 
 namespace fs = std::filesystem;
 
+uint64_t total_weights(const model::Model& m) {
+  uint64_t n = 0;
+  for (const auto& t : m.tensors) n += checked_numel(t.ref.shape, t.name);
+  return n;
+}
+
 bool is_head_or_embedding(std::string_view name) {
   return name == model::kEmbedTensor || name == model::kLmHeadTensor;
 }
@@ -94,20 +100,21 @@ std::vector<fs::path> tokenizer_files(const QuantizeOptions& o) {
 }
 
 std::vector<artifact::SourceFile> source_files(const fs::path& source) {
-  std::vector<artifact::SourceFile> out;
-  auto add = [&](const fs::path& p) {
-    out.push_back({p.filename().string(), static_cast<uint64_t>(fs::file_size(p)), sha256_file(p)});
-  };
+  std::vector<fs::path> paths;
   std::error_code ec;
   if (fs::is_directory(source, ec)) {
-    std::vector<fs::path> paths;
     for (const auto& e : fs::directory_iterator(source))
       if (e.is_regular_file()) paths.push_back(e.path());
     std::sort(paths.begin(), paths.end());
-    for (const auto& p : paths) add(p);
   } else {
-    add(source);
+    paths.push_back(source);
   }
+  uint64_t total = 0;
+  for (const auto& p : paths) total += fs::file_size(p);
+  Progress progress("hash sources", total, "B");
+  std::vector<artifact::SourceFile> out;
+  for (const auto& p : paths)
+    out.push_back({p.filename().string(), static_cast<uint64_t>(fs::file_size(p)), sha256_file(p, &progress)});
   return out;
 }
 
@@ -132,6 +139,7 @@ class Quantizer {
   // and returns the stored encoding for the caller to run the model on.
   codec::EncodedTensor encode(const model::NamedTensor& t, const Hessian* h) {
     const std::vector<float> w = codec::decode_all(t.ref);
+    model_.release_pages(t);  // the source's pages go once copied out: the peak holds one tensor of it
     const auto chosen = allocated_.find(t.name);
     const CodecChoice choice = chosen != allocated_.end() ? chosen->second : o_.recipe.choose(t.name, t.ref.shape);
     const codec::Codec& codec = codec::codec_or_throw(choice.codec, t.name);
@@ -175,6 +183,7 @@ class Quantizer {
     AllocationItem item{t.name, {}, {}};
     const std::vector<CodecChoice> candidates = o_.recipe.candidates(t.name, t.ref.shape);
     const std::vector<float> w = codec::decode_all(t.ref);
+    model_.release_pages(t);
     std::vector<int64_t> sampled_rows;
     for (const CodecChoice& c : candidates) {
       const CandidateMeasure m = measure_candidate(c, t.ref.shape, w.data(), h, o_.seed, t.name);
@@ -207,7 +216,7 @@ class Quantizer {
   }
 
   const QuantizeOptions& o_;
-  model::Model& model_;
+  const model::Model& model_;
   artifact::ArtifactWriter& writer_;
   QuantizeReport& report_;
   std::map<std::string, CodecChoice, std::less<>> allocated_;
@@ -306,14 +315,14 @@ nlohmann::json allocate_bits(const QuantizeOptions& o, const BitsTarget& goal, m
   uint64_t weights = 0;
   for (const auto& [layer, tensors] : by_layer)
     for (const model::NamedTensor* t : tensors) weights += checked_numel(t->ref.shape, t->name);
-  Progress progress("measure candidates", model.tensors.size(), "tensors");
+  Progress progress("measure candidates", total_weights(model), "weights");
   for (const auto& t : model.tensors) {
     if (layer_linear(model.desc, t.name)) continue;
     if (!linears_only) {
       items.push_back(quantizer.measure(t, nullptr));
       weights += checked_numel(t.ref.shape, t.name);
     }
-    progress.advance();
+    progress.advance(checked_numel(t.ref.shape, t.name));
   }
   std::optional<CachedCalibrator> calibrator;
   if (calib) calibrator.emplace(model, *calib, open_calibration_cache(o, key, "measure", *calib));
@@ -322,8 +331,9 @@ nlohmann::json allocate_bits(const QuantizeOptions& o, const BitsTarget& goal, m
     if (calibrator) hessians = calibrator->hessians(layer);
     for (const model::NamedTensor* t : tensors) {
       const LayerLinear linear = *layer_linear(model.desc, t->name);
+      progress.set_note(t->name);
       items.push_back(quantizer.measure(*t, calibrator ? hessians.for_linear(linear.input, linear.expert) : nullptr));
-      progress.advance();
+      progress.advance(checked_numel(t->ref.shape, t->name));
     }
     if (calibrator) calibrator->finish_layer(layer);
   }
@@ -401,6 +411,8 @@ nlohmann::json QuantizeReport::to_json() const {
           {"artifact_bytes", artifact_bytes},
           {"wall_seconds", seconds},
           {"peak_rss_bytes", peak_rss},
+          {"peak_rss_anon_bytes", peak_resident.anon},
+          {"peak_rss_file_bytes", peak_resident.file},
           {"calibration_tokens", calibration_tokens},
           {"source_quantized", source_quantized},
           {"allocation", allocation},
@@ -410,6 +422,7 @@ nlohmann::json QuantizeReport::to_json() const {
 
 QuantizeReport quantize(const QuantizeOptions& o) {
   const auto start = std::chrono::steady_clock::now();
+  start_rss_sampling();
   const std::optional<BitsTarget> goal = bits_target(o);
   QuantizeReport report;
   std::optional<std::string> quantized = quantized_source_files(o.source);
@@ -442,11 +455,12 @@ QuantizeReport quantize(const QuantizeOptions& o) {
     report.allocation = allocate_bits(o, *goal, *model, quantizer, by_layer, calib, cache_key);
 
   // Tensors outside the layers' linears first: embedding, norms, head, biases.
-  Progress progress("quantize", model->tensors.size(), "tensors");
+  Progress progress("quantize", total_weights(*model), "weights");
   for (const auto& t : model->tensors) {
     if (layer_linear(model->desc, t.name)) continue;
+    progress.set_note(t.name);
     quantizer.encode(t, nullptr);
-    progress.advance();
+    progress.advance(checked_numel(t.ref.shape, t.name));
   }
 
   std::optional<CachedCalibrator> calibrator;
@@ -468,7 +482,7 @@ QuantizeReport quantize(const QuantizeOptions& o) {
         model->layers.at(static_cast<size_t>(layer)).linear_slot(linear.role, linear.expert) =
             kernels::prepare_cpu_owned(codec::codec_or_throw(codec_id, t->name), t->ref.shape, std::move(stored));
       }
-      progress.advance();
+      progress.advance(checked_numel(t->ref.shape, t->name));
     }
     if (calibrator) calibrator->finish_layer(layer);
   }
@@ -498,10 +512,11 @@ QuantizeReport quantize(const QuantizeOptions& o) {
   if (o.recipe.rotate) prov.seeds["rotation"] = o.seed;
   writer.set_provenance(prov);
   writer.set_recipe({{"quantize", o.recipe.to_json()}});
-  report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  report.peak_rss = peak_rss_bytes();
   // quality.json gives the artifact's whole size, itself and the manifest included (the writer settles it).
   writer.commit([&](uint64_t artifact_bytes) {
+    report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    report.peak_rss = peak_rss_bytes();
+    report.peak_resident = peak_resident();
     report.artifact_bytes = artifact_bytes;
     return nlohmann::json{{"quantize", report.to_json()}};
   });
