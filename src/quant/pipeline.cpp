@@ -28,6 +28,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
+constexpr int64_t kDecodeBlockValues = int64_t{16} << 20;
+
 uint64_t total_weights(const model::Model& m) {
   uint64_t n = 0;
   for (const auto& t : m.tensors) n += checked_numel(t.ref.shape, t.name);
@@ -138,8 +140,7 @@ class Quantizer {
   // Encodes one tensor with its recipe's choice (GPTQ where a Hessian and a column quantizer exist), writes it,
   // and returns the stored encoding for the caller to run the model on.
   codec::EncodedTensor encode(const model::NamedTensor& t, const Hessian* h) {
-    const std::vector<float> w = codec::decode_all(t.ref);
-    model_.release_pages(t);  // the source's pages go once copied out: the peak holds one tensor of it
+    const std::vector<float> w = decode_releasing(t);
     const auto chosen = allocated_.find(t.name);
     const CodecChoice choice = chosen != allocated_.end() ? chosen->second : o_.recipe.choose(t.name, t.ref.shape);
     const codec::Codec& codec = codec::codec_or_throw(choice.codec, t.name);
@@ -182,8 +183,7 @@ class Quantizer {
   AllocationItem measure(const model::NamedTensor& t, const Hessian* h) const {
     AllocationItem item{t.name, {}, {}};
     const std::vector<CodecChoice> candidates = o_.recipe.candidates(t.name, t.ref.shape);
-    const std::vector<float> w = codec::decode_all(t.ref);
-    model_.release_pages(t);
+    const std::vector<float> w = decode_releasing(t);
     std::vector<int64_t> sampled_rows;
     for (const CodecChoice& c : candidates) {
       const CandidateMeasure m = measure_candidate(c, t.ref.shape, w.data(), h, o_.seed, t.name);
@@ -204,6 +204,20 @@ class Quantizer {
   }
 
  private:
+  // t's values, decoded in blocks of rows, the source's pages released after each (MappedFile::release_pages): the
+  // source's resident pages are one block's, not a tensor's (a 150k-row embedding is 1.2 GB of bf16).
+  std::vector<float> decode_releasing(const model::NamedTensor& t) const {
+    const auto [rows, cols] = codec::matrix_dims(t.ref.shape);
+    std::vector<float> w(checked_mul(static_cast<uint64_t>(rows), static_cast<uint64_t>(cols), t.name));
+    const int64_t block = std::max<int64_t>(1, kDecodeBlockValues / std::max<int64_t>(cols, 1));
+    for (int64_t r = 0; r < rows; r += block) {
+      t.ref.codec->decode_rows(t.ref.params, t.ref.shape, t.ref.arrays, r, std::min(rows, r + block),
+                               w.data() + r * cols);
+      model_.release_pages(t);
+    }
+    return w;
+  }
+
   void record(const TensorReport& r) {
     const uint64_t n = checked_numel(r.shape, r.name);
     report_.weights += n;
