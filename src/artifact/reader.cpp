@@ -231,7 +231,8 @@ Artifact Artifact::open(const fs::path& dir, const ReadOptions& options) {
     std::optional<Progress> progress;
     if (options.verify_hash && payload_bytes >= kProgressBytes) progress.emplace("hash", payload_bytes, "B");
     default_pool().parallel_for(a.files.size(), 1, [&](size_t begin, size_t end) {
-      for (size_t i = begin; i < end; ++i) a.open_file(a.files[i], options.verify_hash, progress ? &*progress : nullptr);
+      for (size_t i = begin; i < end; ++i)
+        a.open_file(a.files[i], options.verify_hash, progress ? &*progress : nullptr);
     });
   }
   a.build_tensors();

@@ -82,11 +82,12 @@ void run(const Args& a) {
               human_bytes(r.artifact_bytes).c_str());
   std::printf("bits per weight: %.3f overall, %.3f on the linears (without embedding and head)\n",
               r.bits_per_weight(), r.linear_bits_per_weight());
-  std::printf("recipe %s; calibration tokens %lld; guard trips %zu; %.1f s; peak RSS %s (%s anonymous, %s "
-              "file-backed)\n",
-              o.recipe.name.c_str(), static_cast<long long>(r.calibration_tokens), tripped, r.seconds,
-              human_bytes(r.peak_rss).c_str(), human_bytes(r.peak_resident.anon).c_str(),
-              human_bytes(r.peak_resident.file).c_str());
+  std::printf(
+      "recipe %s; calibration tokens %lld; guard trips %zu; %.1f s; peak RSS %s (%s anonymous, %s "
+      "file-backed)\n",
+      o.recipe.name.c_str(), static_cast<long long>(r.calibration_tokens), tripped, r.seconds,
+      human_bytes(r.peak_rss).c_str(), human_bytes(r.peak_resident.anon).c_str(),
+      human_bytes(r.peak_resident.file).c_str());
 }
 
 void setup(CLI::App& root) {

@@ -29,9 +29,7 @@ ResidentMemory sample() {
   return r;
 }
 
-std::string amount(double v, bool bytes) {
-  return bytes ? human_bytes(static_cast<uint64_t>(v)) : human_count(v);
-}
+std::string amount(double v, bool bytes) { return bytes ? human_bytes(static_cast<uint64_t>(v)) : human_count(v); }
 
 }  // namespace
 
@@ -50,9 +48,12 @@ ResidentMemory current_resident() {
   uint64_t kib = 0;
   uint64_t shmem = 0;
   while (status >> key) {
-    if (key == "RssAnon:" && status >> kib) r.anon = kib * 1024;
-    else if (key == "RssFile:" && status >> kib) r.file = kib * 1024;
-    else if (key == "RssShmem:" && status >> kib) shmem = kib * 1024;
+    if (key == "RssAnon:" && status >> kib)
+      r.anon = kib * 1024;
+    else if (key == "RssFile:" && status >> kib)
+      r.file = kib * 1024;
+    else if (key == "RssShmem:" && status >> kib)
+      shmem = kib * 1024;
     status.ignore(1 << 10, '\n');
   }
   r.total = r.anon + r.file + shmem;
@@ -118,8 +119,12 @@ std::string format_progress(const ProgressLine& p) {
 }
 
 Progress::Progress(std::string label, uint64_t total, std::string unit)
-    : label_(std::move(label)), unit_(std::move(unit)), total_(total), start_(std::chrono::steady_clock::now()),
-      last_draw_(start_), tty_(::isatty(STDERR_FILENO) != 0),
+    : label_(std::move(label)),
+      unit_(std::move(unit)),
+      total_(total),
+      start_(std::chrono::steady_clock::now()),
+      last_draw_(start_),
+      tty_(::isatty(STDERR_FILENO) != 0),
       enabled_(std::getenv("LOWBIT_NO_PROGRESS") == nullptr) {
   if (enabled_) ticker_ = std::thread([this] { tick(); });
 }
@@ -165,9 +170,9 @@ void Progress::draw(bool final) {
   last_draw_ = std::chrono::steady_clock::now();
   if (!enabled_) return;
   const ResidentMemory rss = sample();
-  const std::string line = format_progress({label_, unit_, done_.load(), total_,
-                                            std::chrono::duration<double>(last_draw_ - start_).count(), rss.total,
-                                            note_, final});
+  const std::string line =
+      format_progress({label_, unit_, done_.load(), total_, std::chrono::duration<double>(last_draw_ - start_).count(),
+                       rss.total, note_, final});
   if (tty_) {
     std::fprintf(stderr, "\r\033[K%s%s", line.c_str(), final ? "\n" : "");
   } else {

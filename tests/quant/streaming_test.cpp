@@ -36,7 +36,8 @@ std::vector<Spec> llama_tensors(int layers) {
   std::vector<Spec> out{{"model.embed_tokens.weight", {kVocab, kDim}}};
   for (int l = 0; l < layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
-    for (const char* norm : {"input_layernorm", "post_attention_layernorm"}) out.push_back({p + norm + ".weight", {kDim}});
+    for (const char* norm : {"input_layernorm", "post_attention_layernorm"})
+      out.push_back({p + norm + ".weight", {kDim}});
     for (const char* proj : {"q_proj", "k_proj", "v_proj", "o_proj"})
       out.push_back({p + "self_attn." + proj + ".weight", {kDim, kDim}});
     out.push_back({p + "mlp.gate_proj.weight", {kHidden, kDim}});
@@ -52,11 +53,19 @@ std::vector<Spec> llama_tensors(int layers) {
 // tensor at a time.
 void write_checkpoint(const fs::path& dir, int layers) {
   fs::create_directories(dir);
-  const nlohmann::json config{{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"},
-                              {"hidden_size", kDim}, {"num_hidden_layers", layers}, {"num_attention_heads", 8},
-                              {"num_key_value_heads", 8}, {"intermediate_size", kHidden}, {"vocab_size", kVocab},
-                              {"rms_norm_eps", 1e-5}, {"max_position_embeddings", 512},
-                              {"tie_word_embeddings", false}, {"bos_token_id", 1}, {"eos_token_id", 2}};
+  const nlohmann::json config{{"architectures", {"LlamaForCausalLM"}},
+                              {"model_type", "llama"},
+                              {"hidden_size", kDim},
+                              {"num_hidden_layers", layers},
+                              {"num_attention_heads", 8},
+                              {"num_key_value_heads", 8},
+                              {"intermediate_size", kHidden},
+                              {"vocab_size", kVocab},
+                              {"rms_norm_eps", 1e-5},
+                              {"max_position_embeddings", 512},
+                              {"tie_word_embeddings", false},
+                              {"bos_token_id", 1},
+                              {"eos_token_id", 2}};
   std::ofstream(dir / "config.json") << config.dump(2);
   const std::vector<Spec> specs = llama_tensors(layers);
   std::vector<std::vector<Spec>> shards(1);
@@ -93,9 +102,10 @@ void write_checkpoint(const fs::path& dir, int layers) {
 }
 
 nlohmann::json quantize_json(const fs::path& source, const fs::path& out) {
-  const std::string cmd = fmt::format("LOWBIT_NO_PROGRESS=1 '{}' quantize '{}' '{}' --preset affine4 --no-calib "
-                                      "--shard-bytes {} --threads 2 --json 2>/dev/null",
-                                      LOWBIT_CLI, source.string(), out.string(), kShardBytes);
+  const std::string cmd = fmt::format(
+      "LOWBIT_NO_PROGRESS=1 '{}' quantize '{}' '{}' --preset affine4 --no-calib "
+      "--shard-bytes {} --threads 2 --json 2>/dev/null",
+      LOWBIT_CLI, source.string(), out.string(), kShardBytes);
   std::FILE* p = ::popen(cmd.c_str(), "r");
   std::string text;
   char buf[4096];
@@ -120,8 +130,8 @@ TEST(StreamingQuantize, PeakDoesNotGrowWithTheModel) {
                 static_cast<unsigned long long>(large_bytes));
     EXPECT_GT(peak(small, key), 0) << key;
     EXPECT_LT(peak(large, key) - peak(small, key), static_cast<int64_t>(kShardBytes))
-        << key << ": " << peak(small, key) << " at 1 layer, " << peak(large, key) << " at 12 layers of "
-        << large_bytes << " bytes";
+        << key << ": " << peak(small, key) << " at 1 layer, " << peak(large, key) << " at 12 layers of " << large_bytes
+        << " bytes";
   }
   // The output is several shards, each written while the next tensors were encoded.
   int payloads = 0;

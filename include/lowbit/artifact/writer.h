@@ -1,11 +1,12 @@
 // Writes a lowbit artifact (docs/FORMAT.md) atomically: tensors are added one at a time and their arrays go to
 // disk at once (scratch files of the current payload shard, joined into a safetensors file once it reaches the
-// shard limit), so memory holds the tensor in flight and the manifest, whatever the artifact's size. Everything goes into a staging directory beside the destination (".<name>.lowbit-staging-<pid>-
-// <random>"); commit() writes the manifest, fsyncs every file and the directory, and renames the staging
-// directory into place. Until commit() returns the destination is untouched; if the writer is destroyed without
-// commit() (an error, an exception) the staging directory is removed. A staging directory left by a killed
-// process is removed by the next writer into the same parent directory (lowbit/core/staged_dir.h, shared by every
-// writer). With force, an existing destination is replaced only when it opens as a lowbit artifact.
+// shard limit), so memory holds the tensor in flight and the manifest, whatever the artifact's size. Everything
+// goes into a staging directory beside the destination (".<name>.lowbit-staging-<pid>-<random>"); commit() writes
+// the manifest, fsyncs every file and the directory, and renames the staging directory into place. Until commit()
+// returns the destination is untouched; if the writer is destroyed without commit() (an error, an exception) the
+// staging directory is removed. A staging directory left by a killed process is removed by the next writer into
+// the same parent directory (lowbit/core/staged_dir.h, shared by every writer). With force, an existing
+// destination is replaced only when it opens as a lowbit artifact.
 #pragma once
 
 #include <cstdint>
