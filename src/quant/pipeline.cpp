@@ -342,7 +342,10 @@ nlohmann::json allocate_bits(const QuantizeOptions& o, const BitsTarget& goal, m
   if (calib) calibrator.emplace(model, *calib, open_calibration_cache(o, key, "measure", *calib));
   for (const auto& [layer, tensors] : by_layer) {
     LayerHessians hessians;
-    if (calibrator) hessians = calibrator->hessians(layer);
+    if (calibrator) {
+      progress.set_note(fmt::format("calibrating layer {}", layer));  // the bar keeps ticking meanwhile
+      hessians = calibrator->hessians(layer);
+    }
     for (const model::NamedTensor* t : tensors) {
       const LayerLinear linear = *layer_linear(model.desc, t->name);
       progress.set_note(t->name);
@@ -481,7 +484,10 @@ QuantizeReport quantize(const QuantizeOptions& o) {
   if (calib) calibrator.emplace(*model, *calib, open_calibration_cache(o, cache_key, "quantize", *calib));
   for (auto& [layer, tensors] : by_layer) {
     LayerHessians hessians;
-    if (calibrator) hessians = calibrator->hessians(layer);
+    if (calibrator) {
+      progress.set_note(fmt::format("calibrating layer {}", layer));  // the bar keeps ticking meanwhile
+      hessians = calibrator->hessians(layer);
+    }
     // The layer's quantized weights replace its dense ones so the next layer calibrates on them. The kernel owns
     // its encoding: the calibrator runs this layer only when the next one asks for its Hessians.
     for (const model::NamedTensor* t : tensors) {
