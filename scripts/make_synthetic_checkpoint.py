@@ -20,6 +20,7 @@ import hashlib
 import json
 import os
 import shutil
+import statistics
 import sys
 
 import numpy as np
@@ -122,7 +123,17 @@ def header_bytes(shard):
     return len(text).to_bytes(8, "little") + text
 
 
-def write_tensor(f, name, shape, seed, block_elems):
+def normal_table():
+    """bf16 bit patterns of normal(0, 0.02) at the 65536 quantiles (i + 0.5) / 65536: indexed by a random uint16,
+    a normal sample at a tenth of the cost of drawing one (bf16 has fewer levels than the table anyway)."""
+    inv = statistics.NormalDist(0.0, 0.02).inv_cdf
+    v = np.array([inv((i + 0.5) / 65536) for i in range(65536)], dtype=np.float32)
+    bits = v.view(np.uint32)
+    bits += 0x7FFF + ((bits >> 16) & 1)  # round to nearest even (finite values only)
+    return (bits >> 16).astype(np.uint16)
+
+
+def write_tensor(f, name, shape, seed, table, block_elems):
     """Writes one tensor's bf16 values in row blocks: norm gains are 1.0, everything else normal(0, 0.02)."""
     if name.endswith("norm.weight"):
         f.write(np.full(numel(shape), 0x3F80, dtype=np.uint16).tobytes())
@@ -132,10 +143,7 @@ def write_tensor(f, name, shape, seed, block_elems):
     left = numel(shape)
     while left:
         n = min(left, block_elems)
-        v = rng.standard_normal(n, dtype=np.float32) * np.float32(0.02)
-        bits = v.view(np.uint32)
-        bits += 0x7FFF + ((bits >> 16) & 1)  # round to nearest even (no NaN can arise from these values)
-        f.write((bits >> 16).astype(np.uint16).tobytes())
+        f.write(table[rng.integers(0, 1 << 16, n, dtype=np.uint16)].tobytes())
         left -= n
 
 
@@ -165,13 +173,13 @@ def main():
     specs = tensors(config)
     shards = shard_plan(specs, int(args.shard_mb * 1e6))
     total = sum(2 * numel(s) for _, s in specs)
-    weight_map, written = {}, 0
+    weight_map, written, table = {}, 0, normal_table()
     for i, shard in enumerate(shards):
         file = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
         with open(os.path.join(tmp, file), "wb") as f:
             f.write(header_bytes(shard))
             for name, shape in shard:
-                write_tensor(f, name, shape, args.seed, 1 << 24)
+                write_tensor(f, name, shape, args.seed, table, 1 << 24)
                 weight_map[name] = file
                 written += 2 * numel(shape)
         print(f"{file}: {len(shard)} tensors, {written / 1e9:.2f} of {total / 1e9:.2f} GB", file=sys.stderr)
