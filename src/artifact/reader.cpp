@@ -184,11 +184,15 @@ struct Artifact::Impl {
   }
 
   // Checks every tensor's content, releasing its pages once checked (a reader faults back in what it uses).
-  void validate_tensors(uint64_t payload_bytes) {
+  void validate_tensors() {
     std::vector<const std::pair<const std::string, codec::TensorRef>*> list;
-    for (const auto& item : tensors) list.push_back(&item);
+    uint64_t bytes = 0;
+    for (const auto& item : tensors) {
+      list.push_back(&item);
+      for (const auto& [role, view] : item.second.arrays.items) bytes += view.bytes.size();
+    }
     std::optional<Progress> progress;
-    if (payload_bytes >= kProgressBytes) progress.emplace("check tensors", payload_bytes, "B");
+    if (bytes >= kProgressBytes) progress.emplace("check tensors", bytes, "B");
     default_pool().parallel_for(list.size(), 1, [&](size_t begin, size_t end) {
       for (size_t i = begin; i < end; ++i) {
         const codec::TensorRef& ref = list[i]->second;
@@ -236,7 +240,7 @@ Artifact Artifact::open(const fs::path& dir, const ReadOptions& options) {
     });
   }
   a.build_tensors();
-  a.validate_tensors(payload_bytes);
+  a.validate_tensors();
   uint64_t artifact_bytes = a.manifest_identity.size;
   for (const FileEntry& f : a.manifest.files) artifact_bytes += f.size;
   a.check_records(artifact_bytes);
