@@ -1,5 +1,6 @@
 #include "lowbit/artifact/reader.h"
 
+#include <algorithm>
 #include <map>
 #include <optional>
 #include <set>
@@ -8,6 +9,7 @@
 #include "lowbit/artifact/records.h"
 #include "lowbit/core/error.h"
 #include "lowbit/core/mapped_file.h"
+#include "lowbit/core/progress.h"
 #include "lowbit/core/sha256.h"
 #include "lowbit/core/thread_pool.h"
 #include "lowbit/io/json.h"
@@ -20,6 +22,9 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr std::string_view kOp = "[verify]";
+// Artifacts of fewer payload bytes open in a blink and print no progress.
+constexpr uint64_t kProgressBytes = uint64_t{256} << 20;
+constexpr size_t kHashPieceBytes = size_t{16} << 20;
 
 // One declared file as opened: its identity when checked and, for payloads, the mapping and the parsed header.
 struct OpenFile {
@@ -92,7 +97,7 @@ struct Artifact::Impl {
   }
 
   // Maps and hashes a file whose identity and size were checked.
-  void open_file(OpenFile& f, bool verify_hash) {
+  void open_file(OpenFile& f, bool verify_hash, Progress* progress) {
     if (is_record(f.entry->role)) {  // read once: the bytes hashed are the bytes parsed
       if (f.identity.size > kMaxRecordBytes)
         fail(Errc::limit, "{} {}: {} bytes, more than the limit {}", kOp, f.path.string(), f.identity.size,
@@ -112,8 +117,17 @@ struct Artifact::Impl {
     if (f.map.identity() != f.identity)
       fail(Errc::changed, "{} {}: changed while it was being opened", kOp, f.path.string());
     if (verify_hash) {
-      check_hash(f.path, sha256_hex(f.map.bytes()), f.entry->sha256, Errc::hash_mismatch);
-      f.map.release_pages(f.map.bytes());  // hashed: each tensor's reader faults back in only what it reads
+      // In pieces, each released once hashed: the hash holds one piece of the file, and each tensor's reader
+      // faults back in only what it reads.
+      Sha256 hash;
+      const auto bytes = f.map.bytes();
+      for (size_t at = 0; at < bytes.size(); at += kHashPieceBytes) {
+        const auto piece = bytes.subspan(at, std::min(kHashPieceBytes, bytes.size() - at));
+        hash.update(piece);
+        f.map.release_pages(piece);
+        if (progress) progress->advance(piece.size());
+      }
+      check_hash(f.path, hash.hex(), f.entry->sha256, Errc::hash_mismatch);
     }
     f.header = io::parse_safetensors_header(f.map.bytes(), f.path.string());
     for (size_t i = 0; i < f.header.entries.size(); ++i) f.index.emplace(f.header.entries[i].name, i);
@@ -169,13 +183,25 @@ struct Artifact::Impl {
     }
   }
 
+  // Checks every tensor's content, releasing its pages once checked (a reader faults back in what it uses).
   void validate_tensors() {
     std::vector<const std::pair<const std::string, codec::TensorRef>*> list;
-    for (const auto& item : tensors) list.push_back(&item);
+    uint64_t bytes = 0;
+    for (const auto& item : tensors) {
+      list.push_back(&item);
+      for (const auto& [role, view] : item.second.arrays.items) bytes += view.bytes.size();
+    }
+    std::optional<Progress> progress;
+    if (bytes >= kProgressBytes) progress.emplace("check tensors", bytes, "B");
     default_pool().parallel_for(list.size(), 1, [&](size_t begin, size_t end) {
-      for (size_t i = begin; i < end; ++i)
-        codec::validate_tensor(list[i]->second,
-                               fmt::format("{} {}: tensor '{}'", kOp, manifest_path.string(), list[i]->first));
+      for (size_t i = begin; i < end; ++i) {
+        const codec::TensorRef& ref = list[i]->second;
+        codec::validate_tensor(ref, fmt::format("{} {}: tensor '{}'", kOp, manifest_path.string(), list[i]->first));
+        for (const auto& [role, view] : ref.arrays.items) {
+          for (const OpenFile& f : files) f.map.release_pages(view.bytes);  // only the mapping holding it acts
+          if (progress) progress->advance(view.bytes.size());
+        }
+      }
     });
   }
 };
@@ -202,9 +228,17 @@ Artifact Artifact::open(const fs::path& dir, const ReadOptions& options) {
     f.identity = checked_identity(f.path);
     check_size(f.path, f.identity.size, f.entry->size);
   }
-  default_pool().parallel_for(a.files.size(), 1, [&](size_t begin, size_t end) {
-    for (size_t i = begin; i < end; ++i) a.open_file(a.files[i], options.verify_hash);
-  });
+  uint64_t payload_bytes = 0;
+  for (const OpenFile& f : a.files)
+    if (f.entry->role == FileRole::payload) payload_bytes += f.entry->size;
+  {
+    std::optional<Progress> progress;
+    if (options.verify_hash && payload_bytes >= kProgressBytes) progress.emplace("hash", payload_bytes, "B");
+    default_pool().parallel_for(a.files.size(), 1, [&](size_t begin, size_t end) {
+      for (size_t i = begin; i < end; ++i)
+        a.open_file(a.files[i], options.verify_hash, progress ? &*progress : nullptr);
+    });
+  }
   a.build_tensors();
   a.validate_tensors();
   uint64_t artifact_bytes = a.manifest_identity.size;

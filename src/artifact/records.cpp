@@ -129,6 +129,10 @@ void check_quantize_report(const json& report, const Manifest& m, uint64_t artif
                "quantize.artifact_bytes");
   if (f.number("wall_seconds") < 0) fail(Errc::format, "{} {}: quantize.wall_seconds: must not be negative", kOp, source);
   f.unsigned_integer("peak_rss_bytes");
+  // sampled peaks, anonymous and file-backed apart; absent in artifacts quantized before the fields existed
+  for (const char* key : {"peak_rss_anon_bytes", "peak_rss_file_bytes"})
+    if (const json* v = f.optional(key); v && !v->is_number_unsigned())
+      fail(Errc::format, "{} {}: quantize.{}: {} is not a byte count", kOp, source, key, v->dump());
   f.unsigned_integer("calibration_tokens");
   f.boolean("source_quantized");
   if (const json* a = f.nullable_object("allocation")) check_allocation(*a, m, source, "quantize.allocation");

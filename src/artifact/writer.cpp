@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <functional>
 #include <span>
@@ -13,6 +14,7 @@
 #include "lowbit/artifact/records.h"
 #include "lowbit/core/checked.h"
 #include "lowbit/core/error.h"
+#include "lowbit/core/mapped_file.h"
 #include "lowbit/core/sha256.h"
 #include "lowbit/core/staged_dir.h"
 #include "lowbit/io/safetensors.h"
@@ -72,6 +74,9 @@ void finish_file(Fd& fd, const fs::path& path) {
   if (::close(fd.release()) != 0) fail_errno(kOp, path.string());
 }
 
+// The element sizes a payload's arrays are grouped by, largest first: the order they are written in.
+constexpr std::array<size_t, 4> kSizeClasses = {8, 4, 2, 1};
+
 // A dense tensor's parameters for a stored dtype.
 codec::Params dense_params(DType dtype) {
   switch (dtype) {
@@ -122,7 +127,16 @@ struct ArtifactWriter::Impl {
   const fs::path& dest;
   const fs::path& staging;
   Manifest manifest;
-  std::vector<std::pair<std::string, TensorBuffer>> shard;  // (key, array) awaiting the current payload file
+  // The current payload's arrays go to disk as they come, one scratch file per element size (kSizeClasses), so
+  // memory holds their header entries only; flush_shard() joins them into the payload file.
+  struct Pending {
+    std::string key;
+    DType dtype;
+    Shape shape;
+    uint64_t bytes;
+  };
+  std::array<std::vector<Pending>, kSizeClasses.size()> pending;
+  std::array<Fd, kSizeClasses.size()> scratch;
   uint64_t shard_bytes = 0;
   size_t shards_written = 0;
   std::string recipe_text;  // as written to recipe.json, checked again at commit
@@ -135,20 +149,53 @@ struct ArtifactWriter::Impl {
 
   std::string shard_name() const { return fmt::format("{}{:05d}.safetensors", kPayloadPrefix, shards_written + 1); }
 
+  fs::path scratch_path(size_t size_class) const {
+    return staging / fmt::format("{}.part{}", shard_name(), kSizeClasses[size_class]);
+  }
+
+  bool shard_empty() const {
+    return std::all_of(pending.begin(), pending.end(), [](const auto& p) { return p.empty(); });
+  }
+
+  void append(std::string key, const TensorBuffer& array) {
+    const size_t size_class = static_cast<size_t>(
+        std::find(kSizeClasses.begin(), kSizeClasses.end(), dtype_size(array.dtype)) - kSizeClasses.begin());
+    if (size_class == kSizeClasses.size())
+      fail(Errc::internal, "[{}] array '{}': element size {}", kOp, key, dtype_size(array.dtype));
+    Fd& fd = scratch[size_class];
+    if (fd.get() < 0) fd = create_exclusive(scratch_path(size_class));
+    write_all(fd.get(), array.bytes.data(), array.bytes.size(), scratch_path(size_class));
+    pending[size_class].push_back({std::move(key), array.dtype, array.shape, array.bytes.size()});
+  }
+
+  // Writes the payload file: the header, then the scratch files' arrays, larger elements first (with the header
+  // padded to 8 bytes every array is then aligned to its element size), each array's pages of the scratch file
+  // released once copied, so the copy holds one array at a time.
   void flush_shard() {
-    if (shard.empty()) return;
+    if (shard_empty()) return;
     const std::string file = shard_name();
     const fs::path path = staging / file;
-    // Larger elements first: with the header padded to 8 bytes every array is then aligned to its element size.
-    std::stable_sort(shard.begin(), shard.end(), [](const auto& a, const auto& b) {
-      return dtype_size(a.second.dtype) > dtype_size(b.second.dtype);
-    });
     io::SafetensorsWriter writer(path, {{"format", "lowbit"}});
-    for (const auto& [key, array] : shard) writer.declare(key, array.dtype, array.shape);
-    for (const auto& [key, array] : shard) writer.write(key, array.bytes);
+    for (const auto& arrays : pending)
+      for (const Pending& a : arrays) writer.declare(a.key, a.dtype, a.shape);
+    for (size_t c = 0; c < kSizeClasses.size(); ++c) {
+      if (pending[c].empty()) continue;
+      const fs::path part = scratch_path(c);
+      if (::fsync(scratch[c].get()) != 0 || ::close(scratch[c].release()) != 0) fail_errno(kOp, part.string());
+      const MappedFile map = MappedFile::open(part);
+      uint64_t at = 0;
+      for (const Pending& a : pending[c]) {
+        const auto bytes = map.bytes().subspan(at, a.bytes);
+        writer.write(a.key, bytes);
+        map.release_pages(bytes);
+        at += a.bytes;
+      }
+      std::error_code ec;
+      if (!fs::remove(part, ec)) fail(Errc::io, "[{}] {}: cannot remove: {}", kOp, part.string(), ec.message());
+      pending[c].clear();
+    }
     const uint64_t size = writer.finish();
     manifest.files.push_back({file, FileRole::payload, size, sha256_file(path)});
-    shard.clear();
     shard_bytes = 0;
     ++shards_written;
   }
@@ -200,13 +247,13 @@ void ArtifactWriter::add(std::string name, const Shape& shape, std::string_view 
 
   uint64_t bytes = 0;
   for (const auto& [role, array] : tensor.arrays) bytes = checked_add(bytes, array.bytes.size(), context);
-  if (!w.shard.empty() && w.shard_bytes + bytes > w.options.shard_bytes) w.flush_shard();
+  if (!w.shard_empty() && w.shard_bytes + bytes > w.options.shard_bytes) w.flush_shard();
 
   TensorEntry entry{name, shape, std::string(codec_id), std::move(tensor.params), {}};
   for (auto& [role, array] : tensor.arrays) {
     std::string key = array_key(name, role);
     entry.arrays.push_back({role, w.shard_name(), key, array.dtype, array.shape});
-    w.shard.emplace_back(std::move(key), std::move(array));
+    w.append(std::move(key), array);
   }
   w.shard_bytes += bytes;
   w.manifest.tensors.push_back(std::move(entry));

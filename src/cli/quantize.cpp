@@ -27,6 +27,7 @@ struct Args {
   bool json = false;
   size_t threads = 0;
   uint64_t seed = 0;
+  uint64_t shard_bytes = lowbit::artifact::kDefaultShardBytes;
 };
 
 // The default calibration text: Debian's reference manual, installed by the debian-reference-en package
@@ -69,6 +70,7 @@ void run(const Args& a) {
   o.force = a.force;
   o.allow_requantize = a.allow_requantize;
   o.seed = a.seed;
+  o.shard_bytes = a.shard_bytes;
   const quant::QuantizeReport r = quant::quantize(o);
   if (a.json) {
     std::printf("%s\n", r.to_json().dump(1).c_str());
@@ -80,9 +82,12 @@ void run(const Args& a) {
               human_bytes(r.artifact_bytes).c_str());
   std::printf("bits per weight: %.3f overall, %.3f on the linears (without embedding and head)\n",
               r.bits_per_weight(), r.linear_bits_per_weight());
-  std::printf("recipe %s; calibration tokens %lld; guard trips %zu; %.1f s; peak RSS %s\n",
-              o.recipe.name.c_str(), static_cast<long long>(r.calibration_tokens), tripped, r.seconds,
-              human_bytes(r.peak_rss).c_str());
+  std::printf(
+      "recipe %s; calibration tokens %lld; guard trips %zu; %.1f s; peak RSS %s (%s anonymous, %s "
+      "file-backed)\n",
+      o.recipe.name.c_str(), static_cast<long long>(r.calibration_tokens), tripped, r.seconds,
+      human_bytes(r.peak_rss).c_str(), human_bytes(r.peak_resident.anon).c_str(),
+      human_bytes(r.peak_resident.file).c_str());
 }
 
 void setup(CLI::App& root) {
@@ -109,6 +114,7 @@ void setup(CLI::App& root) {
   cmd->add_option("--tokenizer", args->tokenizer, "Tokenizer file when not beside the source; stored in OUT");
   cmd->add_option("--threads", args->threads, "Threads (default: all cores)");
   cmd->add_option("--seed", args->seed, "Seed for randomized transforms")->capture_default_str();
+  cmd->add_option("--shard-bytes", args->shard_bytes, "Cut payload shards at this many bytes")->capture_default_str();
   cmd->add_flag("--force", args->force, "Replace an existing artifact at OUT");
   cmd->add_flag("--allow-requantize", args->allow_requantize,
                 "Quantize a source that is already quantized (GGUF quant types, MLX or lowbit artifacts)");

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "lowbit/core/error.h"
+#include "lowbit/core/progress.h"
 
 namespace lowbit {
 
@@ -47,7 +48,7 @@ std::string sha256_hex(std::span<const std::byte> data) {
   return h.hex();
 }
 
-std::string sha256_file(const std::filesystem::path& path) {
+std::string sha256_file(const std::filesystem::path& path, Progress* progress) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0) {
     if (errno == ELOOP) fail(Errc::unsafe_path, "[sha256] {}: is a symlink", path.string());
@@ -65,6 +66,7 @@ std::string sha256_file(const std::filesystem::path& path) {
     }
     if (n == 0) break;
     h.update(std::span(buffer.data(), static_cast<size_t>(n)));
+    if (progress) progress->advance(static_cast<uint64_t>(n));
   }
   ::close(fd);
   return h.hex();

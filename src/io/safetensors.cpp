@@ -346,4 +346,10 @@ std::vector<std::string> SafetensorsCheckpoint::names() const {
   return out;
 }
 
+std::vector<const MappedFile*> SafetensorsCheckpoint::files() const {
+  std::vector<const MappedFile*> out;
+  for (const auto& shard : shards_) out.push_back(&shard->file());
+  return out;
+}
+
 }  // namespace lowbit::io

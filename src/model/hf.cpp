@@ -61,7 +61,7 @@ std::unique_ptr<Model> load_hf(const std::filesystem::path& dir, const LoadOptio
 
   auto ckpt = std::make_shared<io::SafetensorsCheckpoint>(io::SafetensorsCheckpoint::open(dir));
   ModelBuilder b;
-  b.keep_alive(ckpt);
+  b.keep_alive(ckpt, ckpt->files());
   for (const std::string& name : ckpt->names())
     if (wanted(name, c)) b.add(name, dense_view_ref(ckpt->tensor(name), name, source));
   return b.finish(c, dir.string(), options);

@@ -88,7 +88,7 @@ std::unique_ptr<Model> load_mlx(const std::filesystem::path& dir, const LoadOpti
 
   auto ckpt = std::make_shared<io::SafetensorsCheckpoint>(io::SafetensorsCheckpoint::open(dir));
   ModelBuilder b;
-  b.keep_alive(ckpt);
+  b.keep_alive(ckpt, ckpt->files());
   const codec::Codec& affine = codec::codec_or_throw("affine", "load_mlx");
   std::set<std::string> consumed;
   const auto stacked = stacked_experts(describe_model(c, source));

@@ -7,10 +7,14 @@
 
 #include "lowbit/core/checked.h"
 #include "lowbit/core/error.h"
+#include "lowbit/core/progress.h"
 
 namespace lowbit::model {
 
 namespace {
+
+// Loads of fewer weights finish in a blink and print no progress.
+constexpr uint64_t kLoadProgressWeights = uint64_t{1} << 28;
 
 // Hands out the tensors the description names, checking each shape, and remembers which were taken so that
 // finish() can refuse the rest. With `release`, a tensor's arrays are dropped once its kernel or vector holds its
@@ -88,6 +92,11 @@ const NamedTensor* Model::find(std::string_view name) const {
   return it == index_.end() ? nullptr : &tensors[it->second];
 }
 
+void Model::release_pages(const NamedTensor& t) const {
+  for (const auto& [role, view] : t.ref.arrays.items)
+    for (const MappedFile* f : mapped_files) f->release_pages(view.bytes);  // only the file holding it acts
+}
+
 void Model::require_stored_arrays(std::string_view user) const {
   if (stored_arrays_released)
     fail(Errc::usage,
@@ -135,6 +144,11 @@ void ModelBuilder::add(std::string name, codec::TensorRef ref, std::shared_ptr<c
 
 void ModelBuilder::keep_alive(std::shared_ptr<const void> owner) { model_->keep_alive.push_back(std::move(owner)); }
 
+void ModelBuilder::keep_alive(std::shared_ptr<const void> owner, std::vector<const MappedFile*> files) {
+  keep_alive(std::move(owner));
+  model_->mapped_files.insert(model_->mapped_files.end(), files.begin(), files.end());
+}
+
 bool ModelBuilder::contains(std::string_view name) const { return model_->find(name) != nullptr; }
 
 std::unique_ptr<Model> ModelBuilder::finish(const ModelConfig& config, std::string_view source,
@@ -143,7 +157,19 @@ std::unique_ptr<Model> ModelBuilder::finish(const ModelConfig& config, std::stri
   Model& m = *model_;
   m.config = config;
   m.desc = describe_model(config, source);
-  for (const auto& t : m.tensors) codec::validate_tensor(t.ref, fmt::format("{}: {}", source, t.name));
+  {
+    // The value checks read every weight: a mapped tensor's pages are released once checked, so a checkpoint
+    // larger than memory loads, and its pages come back only where a reader uses them.
+    uint64_t weights = 0;
+    for (const auto& t : m.tensors) weights += checked_numel(t.ref.shape, t.name);
+    std::optional<Progress> progress;
+    if (weights >= kLoadProgressWeights) progress.emplace("load", weights, "weights");
+    for (const auto& t : m.tensors) {
+      codec::validate_tensor(t.ref, fmt::format("{}: {}", source, t.name));
+      m.release_pages(t);
+      if (progress) progress->advance(checked_numel(t.ref.shape, t.name));
+    }
+  }
   Preparer p(m, source, options.cpu_only);
   const auto& c = config;
   m.embed = p.linear(kEmbedTensor, c.vocab, c.dim);

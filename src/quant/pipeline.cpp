@@ -29,6 +29,14 @@ namespace {
 
 namespace fs = std::filesystem;
 
+constexpr int64_t kDecodeBlockValues = int64_t{16} << 20;
+
+uint64_t total_weights(const model::Model& m) {
+  uint64_t n = 0;
+  for (const auto& t : m.tensors) n += checked_numel(t.ref.shape, t.name);
+  return n;
+}
+
 bool is_head_or_embedding(std::string_view name) {
   return name == model::kEmbedTensor || name == model::kLmHeadTensor;
 }
@@ -95,20 +103,21 @@ std::vector<fs::path> tokenizer_files(const QuantizeOptions& o) {
 }
 
 std::vector<artifact::SourceFile> source_files(const fs::path& source) {
-  std::vector<artifact::SourceFile> out;
-  auto add = [&](const fs::path& p) {
-    out.push_back({p.filename().string(), static_cast<uint64_t>(fs::file_size(p)), sha256_file(p)});
-  };
+  std::vector<fs::path> paths;
   std::error_code ec;
   if (fs::is_directory(source, ec)) {
-    std::vector<fs::path> paths;
     for (const auto& e : fs::directory_iterator(source))
       if (e.is_regular_file()) paths.push_back(e.path());
     std::sort(paths.begin(), paths.end());
-    for (const auto& p : paths) add(p);
   } else {
-    add(source);
+    paths.push_back(source);
   }
+  uint64_t total = 0;
+  for (const auto& p : paths) total += fs::file_size(p);
+  Progress progress("hash sources", total, "B");
+  std::vector<artifact::SourceFile> out;
+  for (const auto& p : paths)
+    out.push_back({p.filename().string(), static_cast<uint64_t>(fs::file_size(p)), sha256_file(p, &progress)});
   return out;
 }
 
@@ -132,7 +141,7 @@ class Quantizer {
   // Encodes one tensor with its recipe's choice (GPTQ where a Hessian and a column quantizer exist), writes it,
   // and returns the stored encoding for the caller to run the model on.
   codec::EncodedTensor encode(const model::NamedTensor& t, const Hessian* h) {
-    const std::vector<float> w = codec::decode_all(t.ref);
+    const std::vector<float> w = decode_releasing(t);
     const auto chosen = allocated_.find(t.name);
     const CodecChoice choice = chosen != allocated_.end() ? chosen->second : o_.recipe.choose(t.name, t.ref.shape);
     const codec::Codec& codec = codec::codec_or_throw(choice.codec, t.name);
@@ -175,7 +184,7 @@ class Quantizer {
   AllocationItem measure(const model::NamedTensor& t, const Hessian* h) const {
     AllocationItem item{t.name, {}, {}};
     const std::vector<CodecChoice> candidates = o_.recipe.candidates(t.name, t.ref.shape);
-    const std::vector<float> w = codec::decode_all(t.ref);
+    const std::vector<float> w = decode_releasing(t);
     std::vector<int64_t> sampled_rows;
     for (const CodecChoice& c : candidates) {
       const CandidateMeasure m = measure_candidate(c, t.ref.shape, w.data(), h, o_.seed, t.name);
@@ -196,6 +205,20 @@ class Quantizer {
   }
 
  private:
+  // t's values, decoded in blocks of rows, the source's pages released after each (MappedFile::release_pages): the
+  // source's resident pages are one block's, not a tensor's (a 150k-row embedding is 1.2 GB of bf16).
+  std::vector<float> decode_releasing(const model::NamedTensor& t) const {
+    const auto [rows, cols] = codec::matrix_dims(t.ref.shape);
+    std::vector<float> w(checked_mul(static_cast<uint64_t>(rows), static_cast<uint64_t>(cols), t.name));
+    const int64_t block = std::max<int64_t>(1, kDecodeBlockValues / std::max<int64_t>(cols, 1));
+    for (int64_t r = 0; r < rows; r += block) {
+      t.ref.codec->decode_rows(t.ref.params, t.ref.shape, t.ref.arrays, r, std::min(rows, r + block),
+                               w.data() + r * cols);
+      model_.release_pages(t);
+    }
+    return w;
+  }
+
   void record(const TensorReport& r) {
     const uint64_t n = checked_numel(r.shape, r.name);
     report_.weights += n;
@@ -208,7 +231,7 @@ class Quantizer {
   }
 
   const QuantizeOptions& o_;
-  model::Model& model_;
+  const model::Model& model_;
   artifact::ArtifactWriter& writer_;
   QuantizeReport& report_;
   std::map<std::string, CodecChoice, std::less<>> allocated_;
@@ -307,24 +330,28 @@ nlohmann::json allocate_bits(const QuantizeOptions& o, const BitsTarget& goal, m
   uint64_t weights = 0;
   for (const auto& [layer, tensors] : by_layer)
     for (const model::NamedTensor* t : tensors) weights += checked_numel(t->ref.shape, t->name);
-  Progress progress("measure candidates", model.tensors.size(), "tensors");
+  Progress progress("measure candidates", total_weights(model), "weights");
   for (const auto& t : model.tensors) {
     if (layer_linear(model.desc, t.name)) continue;
     if (!linears_only) {
       items.push_back(quantizer.measure(t, nullptr));
       weights += checked_numel(t.ref.shape, t.name);
     }
-    progress.advance();
+    progress.advance(checked_numel(t.ref.shape, t.name));
   }
   std::optional<CachedCalibrator> calibrator;
   if (calib) calibrator.emplace(model, *calib, open_calibration_cache(o, key, "measure", *calib));
   for (const auto& [layer, tensors] : by_layer) {
     LayerHessians hessians;
-    if (calibrator) hessians = calibrator->hessians(layer);
+    if (calibrator) {
+      progress.set_note(fmt::format("calibrating layer {}", layer));  // the bar keeps ticking meanwhile
+      hessians = calibrator->hessians(layer);
+    }
     for (const model::NamedTensor* t : tensors) {
       const LayerLinear linear = *layer_linear(model.desc, t->name);
+      progress.set_note(t->name);
       items.push_back(quantizer.measure(*t, calibrator ? hessians.for_linear(linear.input, linear.expert) : nullptr));
-      progress.advance();
+      progress.advance(checked_numel(t->ref.shape, t->name));
     }
     if (calibrator) calibrator->finish_layer(layer);
   }
@@ -402,6 +429,8 @@ nlohmann::json QuantizeReport::to_json() const {
           {"artifact_bytes", artifact_bytes},
           {"wall_seconds", seconds},
           {"peak_rss_bytes", peak_rss},
+          {"peak_rss_anon_bytes", peak_resident.anon},
+          {"peak_rss_file_bytes", peak_resident.file},
           {"calibration_tokens", calibration_tokens},
           {"source_quantized", source_quantized},
           {"allocation", allocation},
@@ -411,6 +440,7 @@ nlohmann::json QuantizeReport::to_json() const {
 
 QuantizeReport quantize(const QuantizeOptions& o) {
   const auto start = std::chrono::steady_clock::now();
+  start_rss_sampling();
   const std::optional<BitsTarget> goal = bits_target(o);
   QuantizeReport report;
   std::optional<std::string> quantized = quantized_source_files(o.source);
@@ -459,22 +489,29 @@ QuantizeReport quantize(const QuantizeOptions& o) {
     report.allocation = allocate_bits(o, *goal, *model, quantizer, by_layer, calib, cache_key);
 
   // Tensors outside the layers' linears first: embedding, norms, head, biases, a speech model's audio tower.
-  Progress progress("quantize", model->tensors.size() + tower.size(), "tensors");
+  uint64_t tower_weights = 0;
+  for (const auto& t : tower) tower_weights += checked_numel(t.ref.shape, t.name);
+  Progress progress("quantize", total_weights(*model) + tower_weights, "weights");
   for (const auto& t : model->tensors) {
     if (layer_linear(model->desc, t.name)) continue;
+    progress.set_note(t.name);
     quantizer.encode(t, nullptr);
-    progress.advance();
+    progress.advance(checked_numel(t.ref.shape, t.name));
   }
   for (const auto& t : tower) {
+    progress.set_note(t.name);
     quantizer.encode(t, nullptr);
-    progress.advance();
+    progress.advance(checked_numel(t.ref.shape, t.name));
   }
 
   std::optional<CachedCalibrator> calibrator;
   if (calib) calibrator.emplace(*model, *calib, open_calibration_cache(o, cache_key, "quantize", *calib));
   for (auto& [layer, tensors] : by_layer) {
     LayerHessians hessians;
-    if (calibrator) hessians = calibrator->hessians(layer);
+    if (calibrator) {
+      progress.set_note(fmt::format("calibrating layer {}", layer));  // the bar keeps ticking meanwhile
+      hessians = calibrator->hessians(layer);
+    }
     // The layer's quantized weights replace its dense ones so the next layer calibrates on them. The kernel owns
     // its encoding: the calibrator runs this layer only when the next one asks for its Hessians.
     for (const model::NamedTensor* t : tensors) {
@@ -489,7 +526,7 @@ QuantizeReport quantize(const QuantizeOptions& o) {
         model->layers.at(static_cast<size_t>(layer)).linear_slot(linear.role, linear.expert) =
             kernels::prepare_cpu_owned(codec::codec_or_throw(codec_id, t->name), t->ref.shape, std::move(stored));
       }
-      progress.advance();
+      progress.advance(checked_numel(t->ref.shape, t->name));
     }
     if (calibrator) calibrator->finish_layer(layer);
   }
@@ -524,10 +561,11 @@ QuantizeReport quantize(const QuantizeOptions& o) {
   if (o.recipe.rotate) prov.seeds["rotation"] = o.seed;
   writer.set_provenance(prov);
   writer.set_recipe({{"quantize", o.recipe.to_json()}});
-  report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  report.peak_rss = peak_rss_bytes();
   // quality.json gives the artifact's whole size, itself and the manifest included (the writer settles it).
   writer.commit([&](uint64_t artifact_bytes) {
+    report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    report.peak_rss = peak_rss_bytes();
+    report.peak_resident = peak_resident();
     report.artifact_bytes = artifact_bytes;
     return nlohmann::json{{"quantize", report.to_json()}};
   });

@@ -11,6 +11,7 @@
 #include "lowbit/core/dtype.h"
 #include "lowbit/core/error.h"
 #include "lowbit/core/mapped_file.h"
+#include "lowbit/core/progress.h"
 #include "lowbit/core/sha256.h"
 #include "lowbit/core/tensor.h"
 #include "lowbit/core/thread_pool.h"
@@ -206,6 +207,47 @@ TEST(Tensor, BufferSizeIsChecked) {
   EXPECT_EQ(b.bytes.size(), 30u);
   EXPECT_EQ(shape_str(b.shape), "[3, 5]");
   EXPECT_THROW(make_buffer(DType::F32, {1ll << 40, 1ll << 40}), Error);
+}
+
+TEST(Progress, CountsUseUnitPrefixes) {
+  EXPECT_EQ(human_count(950), "950");
+  EXPECT_EQ(human_count(1234), "1.2k");
+  EXPECT_EQ(human_count(8.19e9), "8.2G");
+}
+
+// Work in weights: done/total, bar, percent, rate and the ETA of the remaining work at that rate, and RSS.
+TEST(Progress, LineShowsRateEtaAndRss) {
+  const std::string line = format_progress({"quantize", "weights", 2'000'000'000, 8'000'000'000, 50.0, 3ull << 30,
+                                            "model.layers.3.mlp.up_proj.weight", false});
+  EXPECT_EQ(line,
+            "quantize: 2.0G/8.0G weights [######..................]  25% 40.0M weights/s ETA 150s RSS 3.0 GiB "
+            "model.layers.3.mlp.up_proj.weight");
+}
+
+// Bytes print as sizes; the final line gives the time taken instead of an ETA, without the note.
+TEST(Progress, FinalLineInBytes) {
+  const std::string line = format_progress({"hash sources", "B", 3ull << 30, 3ull << 30, 2.0, 12ull << 20, "x", true});
+  EXPECT_EQ(line, "hash sources: 3.0 GiB/3.0 GiB [########################] 100% 1.5 GiB/s in 2.0s RSS 12.0 MiB");
+}
+
+// Nothing done yet: no rate, so no ETA.
+TEST(Progress, NoEtaBeforeTheFirstUnit) {
+  const std::string line = format_progress({"load", "weights", 0, 100, 3.0, 1 << 20, "", false});
+  EXPECT_EQ(line.find("ETA"), std::string::npos) << line;
+  EXPECT_NE(line.find("  0%"), std::string::npos) << line;
+}
+
+TEST(Progress, ResidentMemorySplitsAnonymousAndFile) {
+  start_rss_sampling();
+  std::vector<char> block(64 << 20, 1);  // touched: 64 MiB anonymous
+  const ResidentMemory now = current_resident();
+  EXPECT_GE(now.anon, 64u << 20);
+  EXPECT_GT(now.file, 0u);  // the test binary's own pages
+  EXPECT_GE(now.total, now.anon + now.file);
+  const ResidentMemory peak = peak_resident();
+  EXPECT_GE(peak.anon, now.anon);
+  EXPECT_GE(peak.total, peak.anon);
+  EXPECT_EQ(block[12345], 1);
 }
 
 }  // namespace

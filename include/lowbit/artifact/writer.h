@@ -1,11 +1,12 @@
-// Writes a lowbit artifact (docs/FORMAT.md) atomically: tensors are added one at a time and buffered into the
-// current payload shard, which is written as a safetensors file once it reaches the shard limit, so peak memory
-// is one shard. Everything goes into a staging directory beside the destination (".<name>.lowbit-staging-<pid>-
-// <random>"); commit() writes the manifest, fsyncs every file and the directory, and renames the staging
-// directory into place. Until commit() returns the destination is untouched; if the writer is destroyed without
-// commit() (an error, an exception) the staging directory is removed. A staging directory left by a killed
-// process is removed by the next writer into the same parent directory (lowbit/core/staged_dir.h, shared by every
-// writer). With force, an existing destination is replaced only when it opens as a lowbit artifact.
+// Writes a lowbit artifact (docs/FORMAT.md) atomically: tensors are added one at a time and their arrays go to
+// disk at once (scratch files of the current payload shard, joined into a safetensors file once it reaches the
+// shard limit), so memory holds the tensor in flight and the manifest, whatever the artifact's size. Everything
+// goes into a staging directory beside the destination (".<name>.lowbit-staging-<pid>-<random>"); commit() writes
+// the manifest, fsyncs every file and the directory, and renames the staging directory into place. Until commit()
+// returns the destination is untouched; if the writer is destroyed without commit() (an error, an exception) the
+// staging directory is removed. A staging directory left by a killed process is removed by the next writer into
+// the same parent directory (lowbit/core/staged_dir.h, shared by every writer). With force, an existing
+// destination is replaced only when it opens as a lowbit artifact.
 #pragma once
 
 #include <cstdint>
@@ -39,7 +40,7 @@ class ArtifactWriter {
   ArtifactWriter& operator=(const ArtifactWriter&) = delete;
 
   // Adds an encoded tensor of the given codec and logical shape; it is validated (codec::validate_tensor) so that
-  // nothing a reader would reject is written. Arrays are moved into the shard buffer.
+  // nothing a reader would reject is written, and its arrays are written to the staging directory at once.
   void add(std::string name, const Shape& shape, std::string_view codec_id, codec::EncodedTensor tensor);
   // Adds a dense tensor (F32, F16 or BF16), stored as it is with codec "dense". The bytes are copied.
   void add_dense(std::string name, const TensorView& tensor);

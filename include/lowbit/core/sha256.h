@@ -26,6 +26,8 @@ class Sha256 {
 
 std::string sha256_hex(std::span<const std::byte> data);
 // Hashes a file by streaming it; does not follow a final symlink.
-std::string sha256_file(const std::filesystem::path& path);
+class Progress;
+// Advances `progress` (when given) by the bytes read.
+std::string sha256_file(const std::filesystem::path& path, Progress* progress = nullptr);
 
 }  // namespace lowbit

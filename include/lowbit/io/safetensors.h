@@ -65,6 +65,7 @@ class SafetensorsCheckpoint {
   TensorView tensor(std::string_view name) const;
   std::vector<std::string> names() const;  // sorted
   const std::vector<std::unique_ptr<SafetensorsFile>>& shards() const { return shards_; }
+  std::vector<const MappedFile*> files() const;  // every shard's mapping
 
  private:
   std::vector<std::unique_ptr<SafetensorsFile>> shards_;

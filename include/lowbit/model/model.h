@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "lowbit/codec/codec.h"
+#include "lowbit/core/mapped_file.h"
 #include "lowbit/kernels/cpu.h"
 #include "lowbit/model/config.h"
 #include "lowbit/model/family.h"
@@ -84,6 +85,12 @@ class Model {
   const NamedTensor* find(std::string_view name) const;
   // Keeps the storage the TensorRefs point into alive (mapped files, owned buffers, readers).
   std::vector<std::shared_ptr<const void>> keep_alive;
+  // The mapped files (kept alive by keep_alive) whose pages release_pages() may drop.
+  std::vector<const MappedFile*> mapped_files;
+  // Drops the pages of t's arrays that lie in mapped_files from the resident set (MappedFile::release_pages): a
+  // reader done with a tensor (the load's value checks, the quantizer once it is encoded) stops holding it. The
+  // pages read the file again if touched; arrays in memory are left alone.
+  void release_pages(const NamedTensor& t) const;
   // Loaded with LoadOptions::cpu_only: the tensors whose kernels copied them have no arrays left.
   bool stored_arrays_released = false;
   // Errc::usage naming `user` when stored_arrays_released (the CUDA upload reads the stored arrays).
@@ -115,6 +122,8 @@ class ModelBuilder {
   // kernel has copied them.
   void add(std::string name, codec::TensorRef ref, std::shared_ptr<const void> storage);
   void keep_alive(std::shared_ptr<const void> owner);
+  // keep_alive() of an owner of mapped files the tensors view, which Model::release_pages() may release.
+  void keep_alive(std::shared_ptr<const void> owner, std::vector<const MappedFile*> files);
   bool contains(std::string_view name) const;
   // Describes the model by its family, checks that the tensors are exactly the description's (each present with
   // its shape, none left over: Errc::shape / Errc::format naming `source` and the tensor), and prepares the

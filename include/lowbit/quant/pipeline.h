@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "lowbit/artifact/writer.h"
+#include "lowbit/core/progress.h"
 #include "lowbit/quant/recipe.h"
 
 namespace lowbit::quant {
@@ -56,7 +57,9 @@ struct QuantizeReport {
   uint64_t linear_weights = 0, linear_bytes = 0;   // without embedding and head (and vectors)
   uint64_t artifact_bytes = 0;
   double seconds = 0;
-  uint64_t peak_rss = 0;
+  uint64_t peak_rss = 0;  // getrusage's peak (anonymous and file-backed together)
+  // The peaks sampled every 50 ms (core/progress.h): anonymous and file-backed apart, and their largest sum.
+  ResidentMemory peak_resident;
   int64_t calibration_tokens = 0;
   bool source_quantized = false;
   nlohmann::json allocation;
