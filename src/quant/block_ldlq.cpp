@@ -29,24 +29,14 @@ void rotate_rows(std::vector<float>& m, int64_t n, const codec::hadamard::Random
   });
 }
 
-// X^T for X = inv(U_BB) U_B,later [16, later] of the 16 columns of block b: the map from a block's error to the
-// update of the later columns, transposed ([later, 16]) as the product's weight. U_BB is upper triangular, so
-// back substitution per later column.
-std::vector<float> feedback_transposed(const std::vector<double>& u, int64_t n, int64_t b0, int64_t b1) {
+// X = inv(U_BB) U_B,later [16, later] of the 16 columns of block b, in f32: the map from a block's error to the
+// update of the later columns. U_BB is upper triangular: one triangular solve.
+std::vector<float> feedback(const std::vector<double>& u, int64_t n, int64_t b0, int64_t b1) {
   const int64_t later = n - b1, bs = b1 - b0;
-  std::vector<float> xt(static_cast<size_t>(later * bs));
-  default_pool().parallel_for(static_cast<size_t>(later), 64, [&](size_t j0, size_t j1) {
-    std::vector<double> x(static_cast<size_t>(bs));
-    for (auto j = static_cast<int64_t>(j0); j < static_cast<int64_t>(j1); ++j) {
-      for (int64_t i = bs - 1; i >= 0; --i) {
-        double s = u[(b0 + i) * n + b1 + j];
-        for (int64_t k = i + 1; k < bs; ++k) s -= u[(b0 + i) * n + b0 + k] * x[k];
-        x[i] = s / u[(b0 + i) * n + b0 + i];
-      }
-      for (int64_t i = 0; i < bs; ++i) xt[j * bs + i] = static_cast<float>(x[i]);
-    }
-  });
-  return xt;
+  std::vector<double> x(static_cast<size_t>(bs * later));
+  for (int64_t i = 0; i < bs; ++i) std::copy_n(u.begin() + (b0 + i) * n + b1, later, x.begin() + i * later);
+  solve_upper(u.data() + b0 * n + b0, n, bs, x.data(), later);
+  return std::vector<float>(x.begin(), x.end());
 }
 
 }  // namespace
@@ -134,15 +124,10 @@ RoundingResult block_ldlq_quantize(const codec::Params& params, const Shape& sha
       }
     });
     if (b1 >= pc) break;
-    // W'[:, b1:] -= E [pr, 16] @ X, X = inv(U_BB) U_B,later [16, later]: one product through the dense kernel.
+    // W'[:, b1:] -= E [pr, 16] @ X, X = inv(U_BB) U_B,later [16, later]: one product.
     const int64_t later = pc - b1;
-    const std::vector<float> xt = feedback_transposed(u, pc, b0, b1);  // X^T [later, 16]
-    std::vector<float> upd(static_cast<size_t>(pr * later));
-    matmul_nt(err.data(), pr, kTileDim, xt.data(), later, upd.data());
-    default_pool().parallel_for(static_cast<size_t>(pr), 16, [&](size_t r0, size_t r1) {
-      for (size_t r = r0; r < r1; ++r)
-        for (int64_t j = 0; j < later; ++j) wp[r * pc + b1 + j] -= upd[r * later + j];
-    });
+    const std::vector<float> x = feedback(u, pc, b0, b1);
+    gemm(pr, later, kTileDim, -1.0f, err.data(), kTileDim, x.data(), later, false, 1.0f, wp.data() + b1, pc);
   }
 
   const std::vector<float> q = codec::decode_all({&codec, ldlq.params, shape, ldlq.views()});
