@@ -10,6 +10,7 @@
 #include "lowbit/core/error.h"
 #include "lowbit/core/progress.h"
 #include "lowbit/core/sha256.h"
+#include "lowbit/core/thread_pool.h"
 #include "lowbit/io/json.h"
 #include "lowbit/kernels/cpu.h"
 #include "lowbit/model/gguf_model.h"
@@ -138,6 +139,7 @@ class Quantizer {
     TensorReport r{t.name, t.ref.shape, choice, "rtn"};
     codec::EncodeOptions eo;
     eo.seed = o_.seed;
+    eo.pool = &default_pool();
     codec::EncodedTensor enc;
     if (choice.codec == "dense") {
       r.method = "dense";
