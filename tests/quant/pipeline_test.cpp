@@ -397,6 +397,28 @@ TEST(Quantize, ReuseCopiesMatchingTensorsFromEarlierArtifacts) {
   refused("sources");
 }
 
+// The command line: an already-quantized source exits 3 with one line, and --reuse (after SRC OUT, several
+// artifacts) reports what it copied.
+TEST(Quantize, CliRefusesRequantizingWithExit3AndTakesReuse) {
+  TempDir tmp;
+  const fs::path gguf = fs::path(LOWBIT_SOURCE_DIR) / "tests/model/fixtures/gguf_quant/model.Q4_0.gguf";
+  const auto refused = artifact::testing::run_cli({"quantize", gguf.string(), (tmp.path / "q").string(), "--no-calib"});
+  EXPECT_EQ(refused.status, 3) << refused.err;
+  EXPECT_EQ(std::count(refused.err.begin(), refused.err.end(), '\n'), 1) << refused.err;
+  EXPECT_NE(refused.err.find("--allow-requantize"), std::string::npos) << refused.err;
+
+  const fs::path src = write_source(tmp.path, 128);
+  const auto a4 = (tmp.path / "a4").string(), a3 = (tmp.path / "a3").string();
+  ASSERT_EQ(artifact::testing::run_cli({"quantize", src.string(), a4, "--no-calib"}).status, 0);
+  ASSERT_EQ(artifact::testing::run_cli({"quantize", src.string(), a3, "--no-calib", "--preset", "affine3"}).status, 0);
+  const auto again = artifact::testing::run_cli(
+      {"quantize", src.string(), (tmp.path / "again").string(), "--no-calib", "--json", "--reuse", a4, a3});
+  ASSERT_EQ(again.status, 0) << again.err;
+  EXPECT_NE(again.err.find("from 2 --reuse artifacts"), std::string::npos) << again.err;
+  for (const auto& t : nlohmann::json::parse(again.out)["tensors"])
+    EXPECT_EQ(t["method"], t["codec"] == "dense" ? "dense" : "reused") << t["name"];
+}
+
 // Quantizing is a function of its inputs: two calibrated trellis runs (the layers after the first calibrate on
 // the quantized layers before them, run through the trellis kernel) write byte-identical tensors. The kernel in a
 // quantized layer's slot once viewed an encoding freed before the next layer ran it.
