@@ -52,13 +52,6 @@ void add_gram(const float* a, int64_t k, int64_t n, int64_t lda, std::vector<flo
   });
 }
 
-void solve_upper(const double* u, int64_t ldu, int64_t m, double* b, int64_t n) {
-  if (n == 0) return;
-  fix_blas_threads();
-  cblas_dtrsm(CblasRowMajor, CblasLeft, CblasUpper, CblasNoTrans, CblasNonUnit, dim(m), dim(n), 1.0, u, dim(ldu), b,
-              dim(n));
-}
-
 std::vector<float> transpose(const float* m, int64_t rows, int64_t cols, int64_t stride) {
   std::vector<float> t(static_cast<size_t>(rows * cols));
   constexpr int64_t kTile = 32;  // square tiles keep both sides in cache

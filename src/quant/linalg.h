@@ -17,9 +17,6 @@ void gemm(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t 
 // total, which stays exactly symmetric.
 void add_gram(const float* a, int64_t k, int64_t n, int64_t lda, std::vector<float>& scratch, std::vector<double>& c);
 
-// In place: b [m, n] (row stride n) <- u^-1 b for u the upper triangle of an m x m block (row stride ldu).
-void solve_upper(const double* u, int64_t ldu, int64_t m, double* b, int64_t n);
-
 // out [cols, rows] = m^T for m [rows, cols] row-major with row stride `stride`.
 std::vector<float> transpose(const float* m, int64_t rows, int64_t cols, int64_t stride);
 

@@ -256,5 +256,16 @@ TEST(BlockLdlq, FeedsTileErrorsForwardAndBeatsPlainTrellis) {
   EXPECT_NEAR(hessian_loss(p.w, q, 32, p.h), r.loss, 1e-6 * r.loss);
 }
 
+// 320 columns: three groups of the lazy feedback (128, 128, 64), so the errors reach the later groups through the
+// group products. On this problem BlockLDLQ keeps about 4% of plain coding's loss; without the products between
+// groups it kept 36%.
+TEST(BlockLdlq, LazyGroupsFeedEveryLaterGroup) {
+  const Problem p = make_problem(32, 320, 23);
+  const codec::Params params{{"L", 8}, {"k", 2}, {"code", "1mad"}};
+  const RoundingResult r = block_ldlq_quantize(params, p.shape, p.w.data(), p.h, GptqOptions{});
+  EXPECT_FALSE(r.guard_tripped);
+  EXPECT_LT(r.loss, 0.15 * r.rtn_loss) << "BlockLDLQ " << r.loss << " vs plain " << r.rtn_loss;
+}
+
 }  // namespace
 }  // namespace lowbit::quant
