@@ -88,22 +88,11 @@ void Hessian::add(const float* x, int64_t tokens, int64_t stride) {
 }
 
 double hessian_loss(const std::vector<float>& w, const std::vector<float>& q, int64_t rows, const Hessian& h) {
-  // sum over rows r of e_r^T H e_r with e_r = w_r - q_r: Y = E H as one product, then row-wise dots.
-  const int64_t n = h.dim;
-  std::vector<float> e(static_cast<size_t>(rows * n)), hf(h.h.begin(), h.h.end()), y(e.size());
+  // sum over rows r of e_r^T H e_r = <H, E^T E>: the Gram matrix of the error (one symmetric product, half the
+  // work of E H), then its lower triangle against H's.
+  std::vector<float> e(w.size());
   for (size_t i = 0; i < e.size(); ++i) e[i] = w[i] - q[i];
-  gemm(rows, n, n, 1.0f, e.data(), n, hf.data(), n, false, 0.0f, y.data(), n);
-  std::vector<double> partial(static_cast<size_t>(rows), 0.0);
-  default_pool().parallel_for(static_cast<size_t>(rows), 16, [&](size_t r0, size_t r1) {
-    for (size_t r = r0; r < r1; ++r) {
-      double s = 0;
-      for (int64_t j = 0; j < n; ++j) s += static_cast<double>(e[r * n + j]) * y[r * n + j];
-      partial[r] = s;
-    }
-  });
-  double total = 0;
-  for (double p : partial) total += p;
-  return total;
+  return gram_inner(e.data(), rows, h.dim, h.h);
 }
 
 RoundingResult gptq_quantize(const codec::Codec& codec, const codec::Params& params, const Shape& shape,

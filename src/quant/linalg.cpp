@@ -52,6 +52,23 @@ void add_gram(const float* a, int64_t k, int64_t n, int64_t lda, std::vector<flo
   });
 }
 
+double gram_inner(const float* a, int64_t k, int64_t n, const std::vector<double>& h) {
+  fix_blas_threads();
+  std::vector<float> g(static_cast<size_t>(n * n));
+  cblas_ssyrk(CblasRowMajor, CblasLower, CblasTrans, dim(n), dim(k), 1.0f, a, dim(n), 0.0f, g.data(), dim(n));
+  std::vector<double> per_row(static_cast<size_t>(n), 0.0);
+  default_pool().parallel_for(static_cast<size_t>(n), 16, [&](size_t i0, size_t i1) {
+    for (size_t i = i0; i < i1; ++i) {
+      double s = 0;
+      for (size_t j = 0; j < i; ++j) s += h[i * n + j] * g[i * n + j];
+      per_row[i] = 2 * s + h[i * n + i] * g[i * n + i];
+    }
+  });
+  double total = 0;
+  for (const double v : per_row) total += v;
+  return total;
+}
+
 std::vector<float> transpose(const float* m, int64_t rows, int64_t cols, int64_t stride) {
   std::vector<float> t(static_cast<size_t>(rows * cols));
   constexpr int64_t kTile = 32;  // square tiles keep both sides in cache

@@ -17,6 +17,10 @@ void gemm(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t 
 // total, which stays exactly symmetric.
 void add_gram(const float* a, int64_t k, int64_t n, int64_t lda, std::vector<float>& scratch, std::vector<double>& c);
 
+// <h, a^T a> = sum over rows of a_r^T h a_r for a [k, n] (row-major, contiguous) and a symmetric h [n, n] (f64,
+// row-major): the f32 Gram matrix's lower triangle against h's, summed in f64 row by row in a fixed order.
+double gram_inner(const float* a, int64_t k, int64_t n, const std::vector<double>& h);
+
 // out [cols, rows] = m^T for m [rows, cols] row-major with row stride `stride`.
 std::vector<float> transpose(const float* m, int64_t rows, int64_t cols, int64_t stride);
 

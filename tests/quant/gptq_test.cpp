@@ -143,6 +143,22 @@ TEST(Hessian, ChunkedProductEqualsNaiveSum) {
     }
 }
 
+// The loss against the definition, sum over rows of e^T H e, with fewer rows than columns and more.
+TEST(Gptq, HessianLossIsTheErrorsQuadraticForm) {
+  for (const int64_t rows : {3, 70}) {
+    const Problem p = make_problem(rows, 48, 5);
+    std::vector<float> q(p.w.size());
+    for (size_t i = 0; i < q.size(); ++i) q[i] = std::round(p.w[i] * 2.0f) / 2.0f;
+    double expected = 0;
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t i = 0; i < 48; ++i)
+        for (int64_t j = 0; j < 48; ++j)
+          expected += double{p.w[r * 48 + i] - q[r * 48 + i]} * p.h.h[i * 48 + j] * (p.w[r * 48 + j] - q[r * 48 + j]);
+    EXPECT_GT(expected, 0);
+    EXPECT_NEAR(hessian_loss(p.w, q, rows, p.h), expected, 1e-5 * expected) << rows << " rows";
+  }
+}
+
 TEST(Gptq, InverseFactorIsUpperCholeskyOfTheDampedInverse) {
   const Problem p = make_problem(4, 48, 13);
   const int64_t n = 48;
