@@ -12,6 +12,8 @@ packages=(
   zlib1g-dev
   # lowbit transcribe: WAV and FLAC input (libsndfile) resampled to the model's rate (libsoxr)
   libsndfile1-dev libsoxr-dev
+  # quantization's Cholesky, triangular inverses and Hessian products (src/quant/linalg.cpp)
+  libopenblas-dev liblapacke-dev
   # the lowbit Python package (python/): its extension module and the pytest suite ctest runs
   pybind11-dev python3-dev python3-pytest
   # lowbit quantize's default calibration text: /usr/share/debian-reference/debian-reference.en.txt.gz

@@ -100,7 +100,7 @@ void check_quantize_report(const json& report, const Manifest& m, uint64_t artif
     expect_equal(t.shape("shape"), entry.shape, Errc::shape, source, field + ".shape");
     expect_equal(t.string("codec", kMaxNameBytes), entry.codec, Errc::format, source, field + ".codec");
     const std::string method = t.string("method", 16);
-    if (method != "dense" && method != "rtn" && method != "gptq" && method != "block_ldlq")
+    if (method != "dense" && method != "rtn" && method != "gptq" && method != "block_ldlq" && method != "reused")
       fail(Errc::format, "{} {}: {}.method: unknown method {}", kOp, source, field, io::quote(method));
     const codec::Codec& codec = codec::codec_or_throw(entry.codec, kOp);
     expect_equal(t.number("bits_per_weight"), codec::bits_per_weight(codec, entry.params, entry.shape), Errc::format,

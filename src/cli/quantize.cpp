@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "command.h"
 #include "lowbit/core/error.h"
@@ -24,6 +25,7 @@ struct Args {
   bool no_calib = false;
   bool force = false;
   bool allow_requantize = false;
+  std::vector<std::string> reuse;
   bool json = false;
   size_t threads = 0;
   uint64_t seed = 0;
@@ -69,6 +71,7 @@ void run(const Args& a) {
   if (a.tokenizer) o.tokenizer = fs::path(*a.tokenizer);
   o.force = a.force;
   o.allow_requantize = a.allow_requantize;
+  o.reuse.assign(a.reuse.begin(), a.reuse.end());
   o.seed = a.seed;
   o.shard_bytes = a.shard_bytes;
   const quant::QuantizeReport r = quant::quantize(o);
@@ -118,6 +121,10 @@ void setup(CLI::App& root) {
   cmd->add_flag("--force", args->force, "Replace an existing artifact at OUT");
   cmd->add_flag("--allow-requantize", args->allow_requantize,
                 "Quantize a source that is already quantized (GGUF quant types, MLX or lowbit artifacts)");
+  cmd->add_option("--reuse", args->reuse,
+                  "Earlier artifacts of the same source: a tensor they store with the codec and parameters the recipe "
+                  "picks is copied, not encoded again (the first that has it; recorded in provenance.sources)")
+      ->check(CLI::ExistingDirectory);
   cmd->add_flag("--json", args->json, "Print the report as JSON");
   cmd->callback([args] { run(*args); });
 }

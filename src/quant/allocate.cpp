@@ -8,6 +8,7 @@
 #include "lowbit/codec/trellis.h"
 #include "lowbit/core/checked.h"
 #include "lowbit/core/error.h"
+#include "lowbit/core/thread_pool.h"
 
 namespace lowbit::quant {
 
@@ -94,8 +95,19 @@ std::vector<int64_t> sampled_tiles(int64_t tiles, uint64_t seed, std::string_vie
 
 double plain_error(const std::vector<float>& w, const std::vector<float>& q, int64_t rows, const Hessian* h) {
   if (h && h->dim > 0) return hessian_loss(w, q, rows, *h);
+  // Per row, then summed in row order: the same total whatever the thread count.
+  const auto cols = static_cast<int64_t>(w.size()) / std::max<int64_t>(rows, 1);
+  std::vector<double> partial(static_cast<size_t>(rows), 0.0);
+  default_pool().parallel_for(static_cast<size_t>(rows), 16, [&](size_t r0, size_t r1) {
+    for (size_t r = r0; r < r1; ++r) {
+      double s = 0;
+      for (auto i = static_cast<int64_t>(r) * cols; i < static_cast<int64_t>(r + 1) * cols; ++i)
+        s += (static_cast<double>(w[i]) - q[i]) * (w[i] - q[i]);
+      partial[r] = s;
+    }
+  });
   double loss = 0;
-  for (size_t i = 0; i < w.size(); ++i) loss += (static_cast<double>(w[i]) - q[i]) * (w[i] - q[i]);
+  for (const double p : partial) loss += p;
   return loss;
 }
 
@@ -114,6 +126,7 @@ CandidateMeasure measure_candidate(const CodecChoice& choice, const Shape& shape
   const auto [rows, cols] = codec::matrix_dims(shape);
   codec::EncodeOptions eo;
   eo.seed = seed;
+  eo.pool = &default_pool();  // rows (affine and kin) or trellis tiles over every core
   CandidateMeasure m;
   m.rows = m.sampled_rows = rows;
   if (!measured_on_sample(choice, shape)) {

@@ -29,24 +29,13 @@ void rotate_rows(std::vector<float>& m, int64_t n, const codec::hadamard::Random
   });
 }
 
-// X^T for X = inv(U_BB) U_B,later [16, later] of the 16 columns of block b: the map from a block's error to the
-// update of the later columns, transposed ([later, 16]) as the product's weight. U_BB is upper triangular, so
-// back substitution per later column.
-std::vector<float> feedback_transposed(const std::vector<double>& u, int64_t n, int64_t b0, int64_t b1) {
-  const int64_t later = n - b1, bs = b1 - b0;
-  std::vector<float> xt(static_cast<size_t>(later * bs));
-  default_pool().parallel_for(static_cast<size_t>(later), 64, [&](size_t j0, size_t j1) {
-    std::vector<double> x(static_cast<size_t>(bs));
-    for (auto j = static_cast<int64_t>(j0); j < static_cast<int64_t>(j1); ++j) {
-      for (int64_t i = bs - 1; i >= 0; --i) {
-        double s = u[(b0 + i) * n + b1 + j];
-        for (int64_t k = i + 1; k < bs; ++k) s -= u[(b0 + i) * n + b0 + k] * x[k];
-        x[i] = s / u[(b0 + i) * n + b0 + i];
-      }
-      for (int64_t i = 0; i < bs; ++i) xt[j * bs + i] = static_cast<float>(x[i]);
-    }
-  });
-  return xt;
+// U[r0:r1, c0:c1] in f32, row-major [r1 - r0, c1 - c0]: the right operand of a feedback product.
+std::vector<float> factor_block(const std::vector<double>& u, int64_t n, int64_t r0, int64_t r1, int64_t c0,
+                                int64_t c1) {
+  std::vector<float> out(static_cast<size_t>((r1 - r0) * (c1 - c0)));
+  for (int64_t r = r0; r < r1; ++r)
+    std::copy(u.begin() + r * n + c0, u.begin() + r * n + c1, out.begin() + (r - r0) * (c1 - c0));
+  return out;
 }
 
 }  // namespace
@@ -110,39 +99,49 @@ RoundingResult block_ldlq_quantize(const codec::Params& params, const Shape& sha
   std::vector<float> scale(static_cast<size_t>(pr));
   for (int64_t r = 0; r < pr; ++r) scale[r] = load_float(DType::F16, scales.bytes.data(), lay.per_row_scale ? r : 0);
 
-  std::vector<float> err(static_cast<size_t>(pr * kTileDim));
-  for (int64_t bt = 0; bt < lay.col_tiles(); ++bt) {
-    const int64_t b0 = bt * kTileDim, b1 = b0 + kTileDim;
-    // Code block bt of every tile row from the error-fed weights.
-    default_pool().parallel_for(static_cast<size_t>(lay.row_tiles()), 1, [&](size_t t0, size_t t1) {
-      codec::trellis::BlockEncoder encoder(lay.code, lay.L, lay.k);
-      float target[kBlock], importance[kBlock], recon[kBlock];
-      for (size_t rt = t0; rt < t1; ++rt) {
-        const int64_t r0 = static_cast<int64_t>(rt) * kTileDim;
-        for (int i = 0; i < kBlock; ++i) {
-          const int64_t r = r0 + i / kTileDim, c = b0 + i % kTileDim;
-          const float s = scale[r];
-          target[i] = s != 0.0f ? wp[r * pc + c] / s : 0.0f;
-          importance[i] = r < rows ? static_cast<float>(hp[c * pc + c]) * s * s : 0.0f;
+  // The feedback is lazy, as GPTQ's: a tile's error E [pr, 16] becomes Z = E inv(U_TT) (one triangular solve per
+  // row), which updates the rest of its group of kLazyTiles tiles right away and the columns after the group in
+  // one product of the group's Z [pr, 128] with U[group, after]: the same sum of per-tile updates
+  // (W'[:, after] -= E inv(U_TT) U_T,after), with one pass over W' per group instead of one per tile.
+  constexpr int64_t kLazyTiles = 8, kLazy = kLazyTiles * kTileDim;
+  std::vector<float> z(static_cast<size_t>(pr * kLazy));  // [pr, kLazy]: the group's Z
+  for (int64_t g0 = 0; g0 < pc; g0 += kLazy) {
+    const int64_t g1 = std::min(pc, g0 + kLazy);
+    for (int64_t b0 = g0; b0 < g1; b0 += kTileDim) {
+      const int64_t bt = b0 / kTileDim, b1 = b0 + kTileDim;
+      // Code block bt of every tile row from the error-fed weights; its Z from the error.
+      default_pool().parallel_for(static_cast<size_t>(lay.row_tiles()), 1, [&](size_t t0, size_t t1) {
+        codec::trellis::BlockEncoder encoder(lay.code, lay.L, lay.k);
+        float target[kBlock], importance[kBlock], recon[kBlock];
+        for (size_t rt = t0; rt < t1; ++rt) {
+          const int64_t r0 = static_cast<int64_t>(rt) * kTileDim;
+          for (int i = 0; i < kBlock; ++i) {
+            const int64_t r = r0 + i / kTileDim, c = b0 + i % kTileDim;
+            const float s = scale[r];
+            target[i] = s != 0.0f ? wp[r * pc + c] / s : 0.0f;
+            importance[i] = r < rows ? static_cast<float>(hp[c * pc + c]) * s * s : 0.0f;
+          }
+          encoder.encode(target, importance,
+                         codes + (static_cast<int64_t>(rt) * lay.col_tiles() + bt) * lay.words_per_tile(), recon);
+          for (int64_t r = r0; r < r0 + kTileDim; ++r) {
+            float* zr = z.data() + r * kLazy + (b0 - g0);
+            for (int64_t j = 0; j < kTileDim; ++j) {  // Z U_TT = E, column by column
+              double e = wp[r * pc + b0 + j] - recon[(r - r0) * kTileDim + j] * scale[r];
+              for (int64_t i = 0; i < j; ++i) e -= zr[i] * u[(b0 + i) * pc + b0 + j];
+              zr[j] = static_cast<float>(e / u[(b0 + j) * pc + b0 + j]);
+            }
+          }
         }
-        encoder.encode(target, importance, codes + (static_cast<int64_t>(rt) * lay.col_tiles() + bt) * lay.words_per_tile(),
-                       recon);
-        for (int i = 0; i < kBlock; ++i) {
-          const int64_t r = r0 + i / kTileDim, c = b0 + i % kTileDim;
-          err[r * kTileDim + (c - b0)] = wp[r * pc + c] - recon[i] * scale[r];
-        }
+      });
+      if (b1 < g1) {
+        const std::vector<float> ub = factor_block(u, pc, b0, b1, b1, g1);
+        gemm(pr, g1 - b1, kTileDim, -1.0f, z.data() + (b0 - g0), kLazy, ub.data(), g1 - b1, false, 1.0f, wp.data() + b1,
+             pc);
       }
-    });
-    if (b1 >= pc) break;
-    // W'[:, b1:] -= E [pr, 16] @ X, X = inv(U_BB) U_B,later [16, later]: one product through the dense kernel.
-    const int64_t later = pc - b1;
-    const std::vector<float> xt = feedback_transposed(u, pc, b0, b1);  // X^T [later, 16]
-    std::vector<float> upd(static_cast<size_t>(pr * later));
-    matmul_nt(err.data(), pr, kTileDim, xt.data(), later, upd.data());
-    default_pool().parallel_for(static_cast<size_t>(pr), 16, [&](size_t r0, size_t r1) {
-      for (size_t r = r0; r < r1; ++r)
-        for (int64_t j = 0; j < later; ++j) wp[r * pc + b1 + j] -= upd[r * later + j];
-    });
+    }
+    if (g1 >= pc) break;
+    const std::vector<float> ub = factor_block(u, pc, g0, g1, g1, pc);
+    gemm(pr, pc - g1, g1 - g0, -1.0f, z.data(), kLazy, ub.data(), pc - g1, false, 1.0f, wp.data() + g1, pc);
   }
 
   const std::vector<float> q = codec::decode_all({&codec, ldlq.params, shape, ldlq.views()});

@@ -78,39 +78,21 @@ std::vector<double> damped_inverse_factor(std::vector<double> hd, int64_t n, dou
 
 void Hessian::add(const float* x, int64_t tokens, int64_t stride) {
   if (h.empty()) h.assign(static_cast<size_t>(dim * dim), 0.0);
-  // H += X^T X, one chunk of tokens at a time: an f32 product through the batched dense kernel (X^T [dim, chunk]
-  // against itself), folded into the f64 total per chunk so that rounding error does not grow with the
-  // calibration length.
-  constexpr int64_t kChunk = 256;
-  std::vector<float> g(static_cast<size_t>(dim * dim));
-  for (int64_t t0 = 0; t0 < tokens; t0 += kChunk) {
-    const int64_t n = std::min(kChunk, tokens - t0);
-    const std::vector<float> xt = transpose(x + t0 * stride, n, dim, stride);  // [dim, n]
-    matmul_nt(xt.data(), dim, n, xt.data(), dim, g.data());
-    default_pool().parallel_for(static_cast<size_t>(dim), 32, [&](size_t i0, size_t i1) {
-      for (size_t i = i0 * dim; i < i1 * dim; ++i) h[i] += g[i];
-    });
-  }
+  // H += X^T X, one chunk of tokens at a time: an f32 product, folded into the f64 total per chunk so that
+  // rounding error does not grow with the calibration length.
+  constexpr int64_t kChunk = 512;
+  std::vector<float> g;
+  for (int64_t t0 = 0; t0 < tokens; t0 += kChunk)
+    add_gram(x + t0 * stride, std::min(kChunk, tokens - t0), dim, stride, g, h);
   samples += static_cast<uint64_t>(tokens);
 }
 
 double hessian_loss(const std::vector<float>& w, const std::vector<float>& q, int64_t rows, const Hessian& h) {
-  // sum over rows r of e_r^T H e_r with e_r = w_r - q_r: Y = E H as one product, then row-wise dots.
-  const int64_t n = h.dim;
-  std::vector<float> e(static_cast<size_t>(rows * n)), hf(h.h.begin(), h.h.end()), y(e.size());
+  // sum over rows r of e_r^T H e_r = <H, E^T E>: the Gram matrix of the error (one symmetric product, half the
+  // work of E H), then its lower triangle against H's.
+  std::vector<float> e(w.size());
   for (size_t i = 0; i < e.size(); ++i) e[i] = w[i] - q[i];
-  matmul_nt(e.data(), rows, n, hf.data(), n, y.data());  // H symmetric: E H^T = E H
-  std::vector<double> partial(static_cast<size_t>(rows), 0.0);
-  default_pool().parallel_for(static_cast<size_t>(rows), 16, [&](size_t r0, size_t r1) {
-    for (size_t r = r0; r < r1; ++r) {
-      double s = 0;
-      for (int64_t j = 0; j < n; ++j) s += static_cast<double>(e[r * n + j]) * y[r * n + j];
-      partial[r] = s;
-    }
-  });
-  double total = 0;
-  for (double p : partial) total += p;
-  return total;
+  return gram_inner(e.data(), rows, h.dim, h.h);
 }
 
 RoundingResult gptq_quantize(const codec::Codec& codec, const codec::Params& params, const Shape& shape,
@@ -159,15 +141,9 @@ RoundingResult gptq_quantize(const codec::Codec& codec, const codec::Params& par
     if (b1 == cols) break;
     // Lazy update of the columns right of the block: W[:, b1:] -= Err [rows, bw] @ U[b0:b1, b1:], one product.
     const int64_t later = cols - b1;
-    std::vector<float> ut(static_cast<size_t>(later * bw));  // U[b0:b1, b1:]^T [later, bw]
-    for (int64_t k = 0; k < bw; ++k)
-      for (int64_t j = 0; j < later; ++j) ut[j * bw + k] = static_cast<float>(u[(b0 + k) * cols + b1 + j]);
-    std::vector<float> upd(static_cast<size_t>(rows * later));
-    matmul_nt(err.data(), rows, bw, ut.data(), later, upd.data());
-    pool.parallel_for(static_cast<size_t>(rows), 16, [&](size_t r0, size_t r1) {
-      for (size_t r = r0; r < r1; ++r)
-        for (int64_t j = 0; j < later; ++j) w[r * cols + b1 + j] -= upd[r * later + j];
-    });
+    std::vector<float> ub(static_cast<size_t>(bw * later));  // U[b0:b1, b1:] in f32
+    for (int64_t k = 0; k < bw; ++k) std::copy_n(u.begin() + (b0 + k) * cols + b1, later, ub.begin() + k * later);
+    gemm(rows, later, bw, -1.0f, err.data(), bw, ub.data(), later, false, 1.0f, w.data() + b1, cols);
   }
 
   const std::vector<float> original(w_in, w_in + rows * cols);

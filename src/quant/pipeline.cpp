@@ -10,6 +10,7 @@
 #include "lowbit/core/error.h"
 #include "lowbit/core/progress.h"
 #include "lowbit/core/sha256.h"
+#include "lowbit/core/thread_pool.h"
 #include "lowbit/io/json.h"
 #include "lowbit/kernels/cpu.h"
 #include "lowbit/model/gguf_model.h"
@@ -22,6 +23,7 @@
 #include "lowbit/quant/calibration_cache.h"
 #include "lowbit/quant/fold.h"
 #include "lowbit/quant/gptq.h"
+#include "lowbit/quant/reuse.h"
 
 namespace lowbit::quant {
 
@@ -71,8 +73,10 @@ std::optional<std::string> quantized_source_files(const fs::path& path) {
 void check_requantize(const QuantizeOptions& o, const std::optional<std::string>& why) {
   if (!why) return;
   if (!o.allow_requantize)
-    fail(Errc::usage, "[quantize] {} is already quantized ({}); requantizing adds a second rounding error to the "
-         "first, pass --allow-requantize to do it anyway", o.source.string(), *why);
+    fail(Errc::unsupported,
+         "[quantize] {} is already quantized ({}); requantizing adds a second rounding error to the "
+         "first, pass --allow-requantize to do it anyway",
+         o.source.string(), *why);
   std::fprintf(stderr, "[quantize] warning: %s is already quantized (%s); quality is bounded by the source\n",
                o.source.string().c_str(), why->c_str());
 }
@@ -135,8 +139,9 @@ std::unique_ptr<model::Model> to_hf_rope_layout(std::unique_ptr<model::Model> m)
 
 class Quantizer {
  public:
-  Quantizer(const QuantizeOptions& o, model::Model& model, artifact::ArtifactWriter& writer, QuantizeReport& report)
-      : o_(o), model_(model), writer_(writer), report_(report) {}
+  Quantizer(const QuantizeOptions& o, model::Model& model, artifact::ArtifactWriter& writer, QuantizeReport& report,
+            ReuseBank* reuse)
+      : o_(o), model_(model), writer_(writer), report_(report), reuse_(reuse) {}
 
   // Encodes one tensor with its recipe's choice (GPTQ where a Hessian and a column quantizer exist), writes it,
   // and returns the stored encoding for the caller to run the model on.
@@ -146,13 +151,16 @@ class Quantizer {
     const CodecChoice choice = chosen != allocated_.end() ? chosen->second : o_.recipe.choose(t.name, t.ref.shape);
     const codec::Codec& codec = codec::codec_or_throw(choice.codec, t.name);
     TensorReport r{t.name, t.ref.shape, choice, "rtn"};
+    std::optional<codec::EncodedTensor> reused;
+    if (reuse_ && choice.codec != "dense") reused = reuse_->take(t.name, t.ref.shape, choice);
     codec::EncodeOptions eo;
     eo.seed = o_.seed;
+    eo.pool = &default_pool();
     codec::EncodedTensor enc;
     if (choice.codec == "dense") {
       r.method = "dense";
       enc = codec.encode(choice.params, t.ref.shape, w.data(), eo);
-    } else if (h && h->dim > 0 && (codec.quantize_column || choice.codec == "trellis")) {
+    } else if (!reused && h && h->dim > 0 && (codec.quantize_column || choice.codec == "trellis")) {
       GptqOptions go;
       go.encode = eo;
       const bool trellis = choice.codec == "trellis";
@@ -166,7 +174,8 @@ class Quantizer {
       r.guard_tripped = rr.guard_tripped;
       enc = std::move(rr.tensor);
     } else {
-      enc = codec.encode(choice.params, t.ref.shape, w.data(), eo);
+      if (reused) r.method = "reused";
+      enc = reused ? std::move(*reused) : codec.encode(choice.params, t.ref.shape, w.data(), eo);
       if (h && h->dim > 0) {
         const auto q = codec::decode_all({&codec, enc.params, t.ref.shape, enc.views()});
         r.loss = r.rtn_loss = hessian_loss(w, q, codec::matrix_dims(t.ref.shape).first, *h);
@@ -234,6 +243,7 @@ class Quantizer {
   const model::Model& model_;
   artifact::ArtifactWriter& writer_;
   QuantizeReport& report_;
+  ReuseBank* reuse_;  // --reuse; null without
   std::map<std::string, CodecChoice, std::less<>> allocated_;
   mutable std::map<std::string, std::vector<CodecChoice>> candidates_;
   mutable std::map<std::string, std::vector<int64_t>> sampled_rows_;
@@ -480,8 +490,17 @@ QuantizeReport quantize(const QuantizeOptions& o) {
   CalibrationKeySource cache_key{{}, o.recipe.rotate, o.seed};
   for (const auto& f : sources) cache_key.source_sha256.push_back(f.sha256);
 
+  artifact::Provenance prov;
+  prov.tool = "lowbit " LOWBIT_VERSION;
+  prov.sources = sources;
+  if (calib) prov.calibration_sha256 = calib->sha256;
+  prov.seeds["quantize"] = o.seed;
+  if (o.recipe.rotate) prov.seeds["rotation"] = o.seed;
+  std::optional<ReuseBank> reuse;
+  if (!o.reuse.empty()) reuse.emplace(o.reuse, prov);
+
   artifact::ArtifactWriter writer(o.destination, {o.shard_bytes, o.force});
-  Quantizer quantizer(o, *model, writer, report);
+  Quantizer quantizer(o, *model, writer, report, reuse ? &*reuse : nullptr);
   std::map<int64_t, std::vector<const model::NamedTensor*>> by_layer;
   for (const auto& t : model->tensors)
     if (const auto linear = layer_linear(model->desc, t.name)) by_layer[linear->layer].push_back(&t);
@@ -553,12 +572,11 @@ QuantizeReport quantize(const QuantizeOptions& o) {
   if (const auto gguf = gguf_tokenizer_source(o))
     for (const auto& f : model::gguf_tokenizer_files(io::GgufFile::open(*gguf)))
       writer.add_file_contents(f.name, artifact::FileRole::tokenizer, f.contents);
-  artifact::Provenance prov;
-  prov.tool = "lowbit " LOWBIT_VERSION;
-  prov.sources = sources;
-  if (calib) prov.calibration_sha256 = calib->sha256;
-  prov.seeds["quantize"] = o.seed;
-  if (o.recipe.rotate) prov.seeds["rotation"] = o.seed;
+  if (reuse) {
+    std::fprintf(stderr, "[quantize] reused %lld tensors from %zu --reuse artifacts\n",
+                 static_cast<long long>(reuse->taken()), o.reuse.size());
+    for (auto& s : reuse->used_sources()) prov.sources.push_back(std::move(s));
+  }
   writer.set_provenance(prov);
   writer.set_recipe({{"quantize", o.recipe.to_json()}});
   // quality.json gives the artifact's whole size, itself and the manifest included (the writer settles it).

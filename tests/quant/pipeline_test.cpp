@@ -16,6 +16,7 @@
 #include "artifact/artifact_fixture.h"
 #include "lowbit/artifact/reader.h"
 #include "lowbit/core/error.h"
+#include "lowbit/core/sha256.h"
 #include "lowbit/core/thread_pool.h"
 #include "lowbit/io/json.h"
 #include "lowbit/model/chat.h"
@@ -295,7 +296,7 @@ TEST(Quantize, RefusesAnAlreadyQuantizedSourceUnlessAllowed) {
       quantize(o);
       ADD_FAILURE() << o.source << " accepted";
     } catch (const Error& e) {
-      EXPECT_EQ(e.code(), Errc::usage);
+      EXPECT_EQ(e.code(), Errc::unsupported);
       const std::string what = e.what();
       EXPECT_NE(what.find(why), std::string::npos) << what;
       EXPECT_NE(what.find("--allow-requantize"), std::string::npos) << what;
@@ -327,6 +328,95 @@ TEST(Quantize, RefusesAnAlreadyQuantizedSourceUnlessAllowed) {
 
   o.source = fs::path(LOWBIT_SOURCE_DIR) / "tests/model/fixtures/gguf_quant/model.Q4_0.gguf";
   refused("is Q4_0");
+}
+
+// --reuse copies a tensor from the first earlier artifact that stores it with the recipe's codec and params (an
+// affine3 artifact offers affine4 its embedding and head, which both presets store alike, and none of its
+// linears), records the manifests of the artifacts it took from among the sources, and refuses an artifact made
+// from other inputs; an artifact that itself reused can be reused in turn.
+TEST(Quantize, ReuseCopiesMatchingTensorsFromEarlierArtifacts) {
+  TempDir tmp;
+  QuantizeOptions o;
+  o.source = write_source(tmp.path, 128);
+  o.recipe = preset("affine3");
+  o.destination = tmp.path / "a3";
+  quantize(o);
+  o.recipe = preset("affine4");
+  o.destination = tmp.path / "a4";
+  const QuantizeReport first = quantize(o);
+
+  o.destination = tmp.path / "from_a3";
+  o.reuse = {tmp.path / "a3"};
+  for (const auto& t : quantize(o).tensors)
+    EXPECT_EQ(t.method == "reused", t.name.ends_with("embed_tokens.weight") || t.name == "lm_head.weight") << t.name;
+
+  o.destination = tmp.path / "again";
+  o.reuse = {tmp.path / "a4", tmp.path / "a3"};
+  const QuantizeReport again = quantize(o);
+  int64_t reused = 0;
+  for (const auto& t : again.tensors) {
+    EXPECT_EQ(t.method, t.choice.codec == "dense" ? "dense" : "reused") << t.name;
+    reused += t.method == "reused";
+  }
+  EXPECT_GT(reused, 2);
+  EXPECT_EQ(testing::artifact_tensor_bytes(tmp.path / "again"), testing::artifact_tensor_bytes(tmp.path / "a4"));
+  const artifact::Artifact a = artifact::Artifact::open(tmp.path / "again");  // quality.json checks "reused"
+  const auto& sources = a.provenance().sources;
+  const auto entry =
+      std::find_if(sources.begin(), sources.end(), [](const auto& s) { return s.name.find('/') != std::string::npos; });
+  ASSERT_NE(entry, sources.end());
+  EXPECT_EQ(entry->name, "reuse/a4/manifest.json");
+  EXPECT_EQ(entry->sha256, sha256_file(tmp.path / "a4" / "manifest.json"));
+  EXPECT_EQ(std::count_if(sources.begin(), sources.end(), [](const auto& s) { return s.name.starts_with("reuse/"); }),
+            1);
+
+  o.reuse = {tmp.path / "again"};
+  o.destination = tmp.path / "chained";
+  quantize(o);
+  EXPECT_EQ(testing::artifact_tensor_bytes(tmp.path / "chained"), testing::artifact_tensor_bytes(tmp.path / "a4"));
+
+  const auto refused = [&](const std::string& field) {
+    try {
+      quantize(o);
+      ADD_FAILURE() << "reused an artifact of other inputs";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), Errc::unsupported);
+      EXPECT_NE(std::string(e.what()).find("provenance." + field), std::string::npos) << e.what();
+    }
+    EXPECT_FALSE(fs::exists(o.destination));
+  };
+  o.reuse = {tmp.path / "a4"};
+  o.destination = tmp.path / "other_seed";
+  o.seed = 1;
+  refused("seeds");
+  o.seed = 0;
+  fs::copy(o.source, tmp.path / "edited");
+  o.source = tmp.path / "edited";
+  std::ofstream(o.source / "config.json", std::ios::app) << "\n";
+  o.destination = tmp.path / "other_source";
+  refused("sources");
+}
+
+// The command line: an already-quantized source exits 3 with one line, and --reuse (after SRC OUT, several
+// artifacts) reports what it copied.
+TEST(Quantize, CliRefusesRequantizingWithExit3AndTakesReuse) {
+  TempDir tmp;
+  const fs::path gguf = fs::path(LOWBIT_SOURCE_DIR) / "tests/model/fixtures/gguf_quant/model.Q4_0.gguf";
+  const auto refused = artifact::testing::run_cli({"quantize", gguf.string(), (tmp.path / "q").string(), "--no-calib"});
+  EXPECT_EQ(refused.status, 3) << refused.err;
+  EXPECT_EQ(std::count(refused.err.begin(), refused.err.end(), '\n'), 1) << refused.err;
+  EXPECT_NE(refused.err.find("--allow-requantize"), std::string::npos) << refused.err;
+
+  const fs::path src = write_source(tmp.path, 128);
+  const auto a4 = (tmp.path / "a4").string(), a3 = (tmp.path / "a3").string();
+  ASSERT_EQ(artifact::testing::run_cli({"quantize", src.string(), a4, "--no-calib"}).status, 0);
+  ASSERT_EQ(artifact::testing::run_cli({"quantize", src.string(), a3, "--no-calib", "--preset", "affine3"}).status, 0);
+  const auto again = artifact::testing::run_cli(
+      {"quantize", src.string(), (tmp.path / "again").string(), "--no-calib", "--json", "--reuse", a4, a3});
+  ASSERT_EQ(again.status, 0) << again.err;
+  EXPECT_NE(again.err.find("from 2 --reuse artifacts"), std::string::npos) << again.err;
+  for (const auto& t : nlohmann::json::parse(again.out)["tensors"])
+    EXPECT_EQ(t["method"], t["codec"] == "dense" ? "dense" : "reused") << t["name"];
 }
 
 // Quantizing is a function of its inputs: two calibrated trellis runs (the layers after the first calibrate on

@@ -29,8 +29,10 @@ struct QuantizeOptions {
   std::optional<std::filesystem::path> tokenizer;  // for sources without one beside them; copied into OUT
   bool force = false;
   // An already-quantized source (GGUF quant types, MLX or lowbit artifacts, a config.json quantization block) is
-  // refused (Errc::usage) unless this is set (--allow-requantize).
+  // refused (Errc::unsupported, exit 3) unless this is set (--allow-requantize).
   bool allow_requantize = false;
+  // --reuse ART...: earlier artifacts of the same source whose tensors are copied where they match (quant/reuse.h).
+  std::vector<std::filesystem::path> reuse;
   uint64_t shard_bytes = artifact::kDefaultShardBytes;
   uint64_t seed = 0;
 };
@@ -39,7 +41,7 @@ struct TensorReport {
   std::string name;
   Shape shape;
   CodecChoice choice;
-  std::string method;  // "dense", "rtn", "gptq"
+  std::string method;  // "dense", "rtn", "gptq", "block_ldlq", "reused" (copied from a --reuse artifact)
   double bits_per_weight = 0;
   uint64_t bytes = 0;
   double loss = 0;      // Hessian-weighted error of what was stored (0 where no Hessian)
