@@ -157,6 +157,7 @@ void check_layer(const LayerDesc& d, const ModelDesc& desc, const ModelConfig& c
     const bool reads_h = op.kind != Op::Kind::norm || op.in == Reg::h;
     if (reads_h && !h_written) refuse("an op reads register h before any op wrote it");
     if (op.kind == Op::Kind::norm && !d.has(op.weight)) refuse("a norm op without its gain tensor");
+    if (op.kind == Op::Kind::all_reduce) refuse("an all_reduce op (a sharded model runs on the CPU only)");
     h_written = true;
   }
   const auto runs = [&](Op::Kind kind) {
@@ -628,6 +629,7 @@ struct CudaModel::Impl {
             h = out;
             break;
           }
+          case Op::Kind::all_reduce: fail(Errc::internal, "[cuda_model] an all_reduce op passed check_layer");
         }
       }
     }
