@@ -24,6 +24,7 @@ using namespace lowbit;
 struct Args {
   std::optional<std::string> model, synthetic;
   std::string device = "cpu";
+  std::string devices;
   std::vector<std::string> codecs{"affine4"};
   std::vector<int> batches{1};
   int64_t prompt = 128, steps = 128, layers = 0;
@@ -109,9 +110,13 @@ model::KvType kv_type(const std::string& name) {
   fail(Errc::usage, "[bench] --kv {}: expected f32, f16 or bf16", name);
 }
 
-std::vector<Row> measure(const Args& a) {
-  const model::SpeedOptions gpu{.batches = a.batches, .prompt = a.prompt, .steps = a.steps,
-                                .kv_type = kv_type(a.kv), .use_graphs = !a.no_graph};
+std::vector<Row> measure(const Args& a, const std::vector<int>& devices) {
+  const model::SpeedOptions gpu{.batches = a.batches,
+                                .prompt = a.prompt,
+                                .steps = a.steps,
+                                .kv_type = kv_type(a.kv),
+                                .use_graphs = !a.no_graph,
+                                .devices = devices};
   std::vector<Row> rows;
   if (a.synthetic) {
     if (a.device != "cuda") fail(Errc::usage, "[bench] --synthetic runs on --device cuda only");
@@ -145,8 +150,10 @@ std::vector<Row> measure(const Args& a) {
 
 void run(const Args& a) {
   set_default_threads(a.threads);
+  const std::vector<int> devices = lowbit::cli::devices_of(a.devices);
+  if (!devices.empty() && a.device != "cuda") fail(Errc::usage, "[--devices] runs on --device cuda, not {}", a.device);
   const std::string device = a.device == "cuda" ? model::cuda_device_summary() : "cpu";
-  const std::vector<Row> rows = measure(a);
+  const std::vector<Row> rows = measure(a, devices);
   if (a.json) {
     nlohmann::json out = {{"device", device}, {"prompt", a.prompt}, {"steps", a.steps}, {"kv", a.kv},
                           {"graphs", !a.no_graph}, {"rows", nlohmann::json::array()}};
@@ -181,6 +188,7 @@ void setup(CLI::App& root) {
   auto* cmd = root.add_subcommand("bench", "Prefill and decode tokens/s of a model, or of a synthetic shape on the GPU");
   cmd->add_option("model", args->model, "Model: llama2.c .bin, HF directory, lowbit artifact, GGUF");
   cmd->add_option("--device", args->device, "cpu or cuda")->capture_default_str();
+  lowbit::cli::add_devices_option(cmd, args->devices);
   cmd->add_option("--synthetic", args->synthetic, "Synthetic shape instead of a model: llama3-8b or qwen3-30b-a3b (GPU only)");
   cmd->add_option("--codec", args->codecs, "Synthetic codecs: bf16, affine4, trellis2, trellis3 (comma list)")
       ->delimiter(',');

@@ -26,6 +26,7 @@ struct Args {
   size_t threads = 0;
   bool quiet = false;
   std::string device = "cpu";
+  std::string devices;
 };
 
 void write_stdout(std::string_view text) {
@@ -42,8 +43,9 @@ void report(const lowbit::model::GenerateStats& s) {
 void run(const Args& a) {
   using namespace lowbit;
   set_default_threads(a.threads);
+  const std::vector<int> devices = lowbit::cli::devices_of(a.devices);
   const auto model = model::load_model(a.model, {.max_seq = a.context, .cpu_only = a.device == "cpu"});
-  model::use_device(*model, a.device);
+  model::use_device(*model, a.device, devices);
   const auto tokenizer = model::load_tokenizer_for(*model, a.model, a.tokenizer);
   model::ChatTemplate tmpl;
   if (a.template_file) {
@@ -102,6 +104,7 @@ void setup(CLI::App& root) {
   cmd->add_option("--tokenizer", args->tokenizer, "Tokenizer file when not beside the model");
   cmd->add_option("--threads", args->threads, "Threads (default: all cores)");
   cmd->add_option("--device", args->device, "cpu or cuda")->capture_default_str();
+  lowbit::cli::add_devices_option(cmd, args->devices);
   cmd->add_flag("-q,--quiet", args->quiet, "No speed lines on stderr");
   cmd->callback([args] { run(*args); });
 }

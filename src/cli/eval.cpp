@@ -25,6 +25,7 @@ struct Common {
   bool json = false;
   size_t threads = 0;
   std::string device = "cpu";
+  std::string devices;
 };
 
 struct Prepared {
@@ -51,13 +52,15 @@ void add_common(CLI::App* cmd, Common& c) {
   cmd->add_option("--tokenizer", c.tokenizer, "Tokenizer file when not beside the (base) model");
   cmd->add_option("--threads", c.threads, "Threads (default: all cores)");
   cmd->add_option("--device", c.device, "cpu or cuda")->capture_default_str();
+  lowbit::cli::add_devices_option(cmd, c.devices);
   cmd->add_flag("--json", c.json, "Print one JSON object");
 }
 
 void run_ppl(const std::string& model_path, const Common& c) {
   set_default_threads(c.threads);
+  const std::vector<int> devices = lowbit::cli::devices_of(c.devices);
   const auto model = model::load_model(model_path, {.cpu_only = c.device == "cpu"});
-  model::use_device(*model, c.device);
+  model::use_device(*model, c.device, devices);
   Prepared p = prepare(model_path, c);
   Progress progress("eval ppl", static_cast<uint64_t>(eval::count_windows(p.tokens.size(), c.ctx)), "window");
   p.window.on_window = [&] { progress.advance(); };
@@ -75,10 +78,11 @@ void run_ppl(const std::string& model_path, const Common& c) {
 
 void run_kld(const std::string& base_path, const std::string& other_path, const Common& c) {
   set_default_threads(c.threads);
+  const std::vector<int> devices = lowbit::cli::devices_of(c.devices);
   const auto base = model::load_model(base_path, {.cpu_only = c.device == "cpu"});
   const auto other = model::load_model(other_path, {.cpu_only = c.device == "cpu"});
-  model::use_device(*base, c.device);
-  model::use_device(*other, c.device);
+  model::use_device(*base, c.device, devices);
+  model::use_device(*other, c.device, devices);
   Prepared p = prepare(base_path, c);
   Progress progress("eval kld", static_cast<uint64_t>(eval::count_windows(p.tokens.size(), c.ctx)), "window");
   p.window.on_window = [&] { progress.advance(); };

@@ -18,13 +18,15 @@ struct Args {
   std::optional<uint64_t> seed;
   size_t threads = 0;
   std::string device = "cpu";
+  std::string devices;
 };
 
 void run(const Args& a) {
   using namespace lowbit;
   set_default_threads(a.threads);
+  const std::vector<int> devices = lowbit::cli::devices_of(a.devices);
   const auto model = model::load_model(a.model, {.cpu_only = a.device == "cpu"});
-  model::use_device(*model, a.device);
+  model::use_device(*model, a.device, devices);
   const auto tokenizer = model::load_tokenizer_for(*model, a.model, a.tokenizer);
   model::GenerateOptions gen = a.gen;
   gen.sampler.seed = a.seed ? *a.seed : std::random_device{}();
@@ -58,6 +60,7 @@ void setup(CLI::App& root) {
   cmd->add_option("--tokenizer", args->tokenizer, "Tokenizer file when not beside the model");
   cmd->add_option("--threads", args->threads, "Threads (default: all cores)");
   cmd->add_option("--device", args->device, "cpu or cuda")->capture_default_str();
+  lowbit::cli::add_devices_option(cmd, args->devices);
   cmd->callback([args] { run(*args); });
 }
 

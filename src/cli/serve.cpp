@@ -38,6 +38,7 @@ struct Args {
   std::string host = "127.0.0.1";
   int port = 8080;
   std::string device = "cpu";
+  std::string devices;
   int parallel = 4;
   int64_t context = 2048;
   size_t max_queue = 64;
@@ -656,11 +657,13 @@ void run(const Args& a) {
   std::signal(SIGPIPE, SIG_IGN);
 
   set_default_threads(a.threads);
+  const std::vector<int> devices = lowbit::cli::devices_of(a.devices);
   const auto model = model::load_model(a.model, {.max_seq = a.context, .cpu_only = a.device == "cpu"});
   const auto tokenizer = model::load_tokenizer(a.model, a.tokenizer);
   auto chat_template = load_chat_template(a, *model, *tokenizer);
   model::EngineOptions engine_options;
   engine_options.device = a.device;
+  engine_options.devices = devices;
   engine_options.parallel = a.parallel;
   engine_options.context = a.context;
   engine_options.max_queue = a.max_queue;
@@ -717,6 +720,7 @@ void setup(CLI::App& root) {
   cmd->add_option("--host", args->host, "Address to listen on")->capture_default_str();
   cmd->add_option("--port", args->port, "Port (0: any free port, printed on stderr)")->capture_default_str();
   cmd->add_option("--device", args->device, "cpu or cuda")->capture_default_str();
+  lowbit::cli::add_devices_option(cmd, args->devices);
   cmd->add_option("--parallel", args->parallel, "Sequences decoded together, each in its own KV slot (cuda: 1..16)")
       ->check(CLI::Range(1, 256))
       ->capture_default_str();

@@ -7,6 +7,7 @@
 #include "lowbit/core/checked.h"
 #include "lowbit/core/error.h"
 #include "lowbit/core/thread_pool.h"
+#include "slice_util.h"
 
 namespace lowbit::codec::affine {
 
@@ -249,6 +250,17 @@ void quantize_column(const Params& params, const Shape& shape, EncodedTensor& te
     write_code(codes + r * l.words_per_row(), col, l.bits, static_cast<uint32_t>(q));
     out[r] = s * q + b;
   }
+}
+
+EncodedTensor slice(const Params& params, const Shape& shape, const ArrayViews& arrays, Axis axis,
+                    std::span<const Range> ranges) {
+  const Layout l = layout(params, shape);
+  return slice_grouped(params, shape, arrays, axis, ranges, l.padded_cols, l.group_size, "affine",
+                       [](const Params& p, const Shape& s, std::string_view role) {
+                         const Layout g = layout(p, s);
+                         return ArrayCut{.per_row = true,
+                                         .per_group = role == "codes" ? g.group_size * g.bits / 32 : 1};
+                       });
 }
 
 }  // namespace lowbit::codec::affine

@@ -5,6 +5,7 @@
 #include "lowbit/codec/params.h"
 #include "lowbit/core/checked.h"
 #include "lowbit/core/error.h"
+#include "slice_util.h"
 
 namespace lowbit::codec::dense {
 
@@ -49,6 +50,13 @@ EncodedTensor encode(const Params& params, const Shape& shape, const float* weig
   out.params = params;
   out.arrays.emplace_back("data", std::move(data));
   return out;
+}
+
+EncodedTensor slice(const Params& params, const Shape& shape, const ArrayViews& arrays, Axis axis,
+                    std::span<const Range> ranges) {
+  return slice_grouped(
+      params, shape, arrays, axis, ranges, shape[1], 1, "dense",
+      [](const Params&, const Shape&, std::string_view) { return ArrayCut{.per_row = true, .per_group = 1}; });
 }
 
 }  // namespace lowbit::codec::dense

@@ -9,6 +9,7 @@
 #include "lowbit/core/checked.h"
 #include "lowbit/core/error.h"
 #include "lowbit/core/thread_pool.h"
+#include "slice_util.h"
 
 namespace lowbit::codec::offset_scale {
 
@@ -213,6 +214,17 @@ void quantize_column(const Params& params, const Shape& shape, EncodedTensor& te
     write_code(codes + r * l.row_bytes(), col, l.grid.bits, q);
     out[r] = value_of(l.grid, q, s);
   }
+}
+
+EncodedTensor slice(const Params& params, const Shape& shape, const ArrayViews& arrays, Axis axis,
+                    std::span<const Range> ranges) {
+  const Layout l = layout(params, shape);
+  return slice_grouped(params, shape, arrays, axis, ranges, l.padded_cols, kGroupSize, "offset_scale",
+                       [](const Params& p, const Shape& s, std::string_view role) {
+                         const Layout g = layout(p, s);
+                         return ArrayCut{.per_row = true,
+                                         .per_group = role == "codes" ? kGroupSize * g.grid.bits / 8 : 1};
+                       });
 }
 
 }  // namespace lowbit::codec::offset_scale

@@ -8,11 +8,12 @@
 #include "lowbit/codec/affine.h"
 #include "lowbit/codec/codec.h"
 #include "lowbit/codec/dense.h"
-#include "lowbit/codec/trellis.h"
 #include "lowbit/codec/offset_scale.h"
+#include "lowbit/codec/trellis.h"
 #include "lowbit/codec/two_plane.h"
 #include "lowbit/core/checked.h"
 #include "lowbit/core/error.h"
+#include "slice_util.h"
 
 namespace lowbit::codec {
 
@@ -20,17 +21,18 @@ namespace {
 
 constexpr std::array kCodecs{
     Codec{"dense", "unquantized bf16 / f16 / f32", dense::validate, dense::arrays, dense::check_content,
-          dense::decode_rows, dense::encode},
-    Codec{"affine", "MLX-compatible affine: w = scale * q + bias per group, 2-8 bits", affine::validate,
-          affine::arrays, affine::check_content, affine::decode_rows, affine::encode, affine::quantize_column},
+          dense::decode_rows, dense::encode, dense::slice},
+    Codec{"affine", "MLX-compatible affine: w = scale * q + bias per group, 2-8 bits", affine::validate, affine::arrays,
+          affine::check_content, affine::decode_rows, affine::encode, affine::slice, affine::quantize_column},
     Codec{"trellis", "QTIP-style tail-biting bitshift trellis (1MAD / 3INST codes), Hadamard-rotated, 1-4 bits",
-          trellis::validate, trellis::arrays, trellis::check_content, trellis::decode_rows, trellis::encode},
+          trellis::validate, trellis::arrays, trellis::check_content, trellis::decode_rows, trellis::encode,
+          trellis::slice},
     Codec{"offset_scale", "seed 001 q3 / q3_full8 / q4: w = scale * (q - offset) per group of 64, f16 scales",
           offset_scale::validate, offset_scale::arrays, offset_scale::check_content, offset_scale::decode_rows,
-          offset_scale::encode, offset_scale::quantize_column},
-    Codec{"two_plane", "seed 000 five-state: sum of two 2-bit affine planes per group of 128",
-          two_plane::validate, two_plane::arrays, two_plane::check_content, two_plane::decode_rows,
-          two_plane::encode, two_plane::quantize_column},
+          offset_scale::encode, offset_scale::slice, offset_scale::quantize_column},
+    Codec{"two_plane", "seed 000 five-state: sum of two 2-bit affine planes per group of 128", two_plane::validate,
+          two_plane::arrays, two_plane::check_content, two_plane::decode_rows, two_plane::encode, two_plane::slice,
+          two_plane::quantize_column},
 };
 
 // Every function is a constructor argument, so completeness is checked by the compiler; ids must be unique.
@@ -118,6 +120,29 @@ void validate_tensor(const TensorRef& tensor, std::string_view context) {
   } catch (const Error& e) {
     throw Error(e.code(), fmt::format("{}: {}", context, e.what()));
   }
+}
+
+SlicedTensor slice_tensor(const TensorRef& tensor, Axis axis, std::span<const Range> ranges, std::string_view context) {
+  if (tensor.shape.size() != 2)
+    fail(Errc::shape, "{}: only a rank-2 tensor can be sliced, shape is {}", context, shape_str(tensor.shape));
+  const int64_t n = tensor.shape[axis == Axis::rows ? 0 : 1];
+  int64_t last = 0;
+  for (const Range& r : ranges)
+    if (r.begin < last || r.end <= r.begin || r.end > n)
+      fail(Errc::shape, "{}: slice {}..{} is empty, out of order or outside 0..{}", context, r.begin, r.end, n);
+    else
+      last = r.end;
+  if (ranges.empty()) fail(Errc::shape, "{}: a slice needs at least one range", context);
+  SlicedTensor out;
+  out.shape = tensor.shape;
+  out.shape[axis == Axis::rows ? 0 : 1] = total(ranges);
+  try {
+    out.tensor = tensor.codec->slice(tensor.params, tensor.shape, tensor.arrays, axis, ranges);
+  } catch (const Error& e) {
+    throw Error(e.code(), fmt::format("{}: {}", context, e.what()));
+  }
+  validate_tensor({tensor.codec, out.tensor.params, out.shape, out.tensor.views()}, context);
+  return out;
 }
 
 std::vector<float> decode_all(const TensorRef& tensor) {

@@ -11,6 +11,7 @@
 #include "lowbit/codec/params.h"
 #include "lowbit/core/checked.h"
 #include "lowbit/core/error.h"
+#include "slice_util.h"
 
 namespace lowbit::codec::trellis {
 
@@ -240,6 +241,27 @@ void decode_rows(const Params& params, const Shape& shape, const ArrayViews& arr
     for (int64_t r = std::max(row_begin, tr * kTileDim); r < std::min(row_end, (tr + 1) * kTileDim); ++r)
       emit(tile_row.data() + (r - tr * kTileDim) * lay.padded_cols, r);
   }
+}
+
+// Whole tiles only, and never along a rotated axis (its Hadamard transform mixes all of it).
+EncodedTensor slice(const Params& params, const Shape& shape, const ArrayViews& arrays, Axis axis,
+                    std::span<const Range> ranges) {
+  const Layout lay = parse_layout(params, shape);
+  const bool rows = axis == Axis::rows;
+  if (rows ? lay.rotate_output : lay.rotate_input)
+    fail(Errc::shape, "[trellis] the {} side is Hadamard-rotated as a whole: its {} cannot be sliced",
+         rows ? "output" : "input", rows ? "rows" : "columns");
+  const std::vector<Range> tiles =
+      unit_ranges(ranges, rows ? lay.rows : lay.cols, rows ? lay.padded_rows : lay.padded_cols, kTileDim, "trellis",
+                  rows ? "tile row" : "tile column");
+  EncodedTensor out;
+  out.params = with_param(params, rows ? "padded_rows" : "padded_cols", total(tiles) * kTileDim);
+  out.arrays.emplace_back("codes", slice_axis(arrays.at("codes"), rows ? 0 : 1, tiles));
+  const TensorView& scales = arrays.at("scales");
+  const Range whole{0, scales.shape[0]};
+  const std::vector<Range> scale_rows = rows && lay.per_row_scale ? scaled(tiles, kTileDim) : std::vector<Range>{whole};
+  out.arrays.emplace_back("scales", slice_axis(scales, 0, scale_rows));
+  return out;
 }
 
 }  // namespace lowbit::codec::trellis

@@ -10,6 +10,7 @@
 #include "lowbit/core/checked.h"
 #include "lowbit/core/error.h"
 #include "lowbit/core/thread_pool.h"
+#include "slice_util.h"
 
 namespace lowbit::codec::two_plane {
 
@@ -655,6 +656,26 @@ void quantize_column(const Params& params, const Shape& shape, EncodedTensor& te
     const uint8_t d = nearest_digit(values[r], group_metadata(l, views, r, col / kGroupSize), out[r]);
     write_digit(l, codes, r, col, d);
   }
+}
+
+EncodedTensor slice(const Params& params, const Shape& shape, const ArrayViews& arrays, Axis axis,
+                    std::span<const Range> ranges) {
+  const Layout l = layout(params, shape);
+  if (axis == Axis::cols && l.storage == Storage::quint5)
+    fail(Errc::shape,
+         "[two_plane] quint5 codes (10 per 3 bytes) do not start a byte at every group: its columns "
+         "cannot be sliced");
+  return slice_grouped(params, shape, arrays, axis, ranges, l.padded_cols, kGroupSize, "two_plane",
+                       [](const Params& p, const Shape& s, std::string_view role) {
+                         const Layout g = layout(p, s);
+                         if (role == "residual_scale") return ArrayCut{.per_row = false};
+                         if (role == "base_alpha") return ArrayCut{.per_row = true, .per_group = 0};
+                         if (role == "codes" || role == "base_codes" || role == "residual_codes")
+                           return ArrayCut{
+                               .per_row = true,
+                               .per_group = g.storage == Storage::planes ? kGroupSize / 16 : kGroupSize * 3 / 8};
+                         return ArrayCut{.per_row = true, .per_group = 1};
+                       });
 }
 
 }  // namespace lowbit::codec::two_plane

@@ -180,12 +180,14 @@ Engine::Engine(const Model& model, const Tokenizer& tokenizer, EngineOptions opt
   if (model.device)
     fail(Errc::usage, "[engine] the model runs through use_device(); give the engine its device instead");
   context_ = options_.context > 0 ? std::min(options_.context, model.config.max_seq) : model.config.max_seq;
+  if (!options_.devices.empty() && options_.device != "cuda")
+    fail(Errc::usage, "[--devices] runs on --device cuda, not {}", options_.device);
   if (options_.device == "cpu") {
     backend_ = std::make_unique<CpuEngineBackend>(model, options_.parallel, context_, pool);
   } else if (options_.device == "cuda") {
     model.require_stored_arrays("engine cuda");
 #if LOWBIT_WITH_CUDA
-    backend_ = make_cuda_engine_backend(model, options_.parallel, context_);
+    backend_ = make_cuda_engine_backend(model, options_.parallel, context_, options_.devices);
 #else
     fail(Errc::usage, "[--device] cuda: this lowbit was built without CUDA (configure with -DLOWBIT_CUDA=ON)");
 #endif

@@ -24,8 +24,10 @@ class EngineBackend {
 };
 
 #if LOWBIT_WITH_CUDA
-// `slots` sequences of `capacity` positions each, decoded together in one CudaModel::step.
-std::unique_ptr<EngineBackend> make_cuda_engine_backend(const Model& model, int slots, int64_t capacity);
+// `slots` sequences of `capacity` positions each, decoded together in one CudaModel::step; on `devices` through
+// tensor_parallel (cuda_model.h) when not empty.
+std::unique_ptr<EngineBackend> make_cuda_engine_backend(const Model& model, int slots, int64_t capacity,
+                                                        std::span<const int> devices);
 #endif
 
 }  // namespace lowbit::model

@@ -289,9 +289,9 @@ void moe_op(const ModelConfig& c, const LayerDesc& desc, const LayerWeights& w, 
   std::vector<float> out(static_cast<size_t>(m * dim), 0.0f), in, gate, up, y;
   for (size_t e = 0; e < rows_of.size(); ++e) {
     const std::vector<RoutedRow>& rows = rows_of[e];
-    if (rows.empty()) continue;
-    const auto r = static_cast<int64_t>(rows.size());
     const ExpertWeights& ex = w.experts[e];
+    if (rows.empty() || !ex.gate) continue;  // no row chose it, or another rank holds it (shard.h)
+    const auto r = static_cast<int64_t>(rows.size());
     // in [r, dim] = the routed rows of h; gate, up [r, hidden]; y [r, dim] = act(gate) * up @ Wdown^T
     in.resize(static_cast<size_t>(r * dim));
     gate.resize(static_cast<size_t>(r * hidden));
@@ -306,6 +306,12 @@ void moe_op(const ModelConfig& c, const LayerDesc& desc, const LayerWeights& w, 
       for (int64_t d = 0; d < dim; ++d) out[rows[j].row * dim + d] += rows[j].weight * y[j * dim + d];
   }
   std::copy(out.begin(), out.end(), s.h.begin());
+}
+
+// data [n] <- its sum over the ranks of a sharded model (shard.h).
+void all_reduce(const Model& model, float* data, size_t n) {
+  if (!model.shard.comm) fail(Errc::internal, "[forward] an all_reduce op in a model that is not sharded");
+  model.shard.comm->all_reduce(data, n);
 }
 
 void run_layer(const Model& model, int64_t l, Rows rows, Scratch& s, ThreadPool& pool) {
@@ -328,6 +334,7 @@ void run_layer(const Model& model, int64_t l, Rows rows, Scratch& s, ThreadPool&
       case Op::Kind::add:
         for (size_t j = 0; j < s.x.size(); ++j) s.x[j] += s.h[j];
         break;
+      case Op::Kind::all_reduce: all_reduce(model, s.h.data(), static_cast<size_t>(m * c.dim)); break;
     }
   }
 }
@@ -359,18 +366,47 @@ void head(const Model& model, const float* x, int64_t rows, float* logits, Threa
   const ModelDesc& d = model.desc;
   std::vector<float> xn(static_cast<size_t>(rows * c.dim));
   norm_rows(xn.data(), x, model.final_norm, model.final_norm_bias, rows, c.dim, d.norm_eps, d.final_norm);
-  model.lm_head->matmul(xn.data(), rows, logits, pool);
+  if (!model.shard.comm) {
+    model.lm_head->matmul(xn.data(), rows, logits, pool);
+  } else {
+    // this rank's columns [vocab_begin, + head rows) of zeroed logits rows, summed over the ranks
+    const int64_t n = model.lm_head->rows();
+    std::vector<float> local(static_cast<size_t>(rows * n));
+    model.lm_head->matmul(xn.data(), rows, local.data(), pool);
+    std::fill_n(logits, rows * c.vocab, 0.0f);
+    for (int64_t i = 0; i < rows; ++i)
+      std::copy_n(local.data() + i * n, n, logits + i * c.vocab + model.shard.vocab_begin);
+    all_reduce(model, logits, static_cast<size_t>(rows * c.vocab));
+  }
   if (d.final_softcap > 0.0f)
     for (int64_t j = 0; j < rows * c.vocab; ++j) logits[j] = d.final_softcap * std::tanh(logits[j] / d.final_softcap);
 }
 
 }  // namespace
 
+// x [m, dim] = the embeddings of tokens (scaled by the family's embed_scale). A rank of a sharded model holds the
+// rows [vocab_begin, vocab_begin + rows): the others embed to zeros there, and the all-reduce sums the ranks' rows.
 std::vector<float> embed(const Model& model, std::span<const int32_t> tokens) {
-  std::vector<float> x(tokens.size() * static_cast<size_t>(model.config.dim));
-  model.embed->gather_rows(tokens, x.data());
+  const auto dim = static_cast<size_t>(model.config.dim);
+  std::vector<float> x(tokens.size() * dim);
+  if (!model.shard.comm) {
+    model.embed->gather_rows(tokens, x.data());
+  } else {
+    const int64_t begin = model.shard.vocab_begin, end = begin + model.embed->rows();
+    std::vector<int32_t> local;
+    std::vector<size_t> at;
+    for (size_t i = 0; i < tokens.size(); ++i)
+      if (tokens[i] >= begin && tokens[i] < end) {
+        local.push_back(static_cast<int32_t>(tokens[i] - begin));
+        at.push_back(i);
+      }
+    std::vector<float> rows(local.size() * dim);
+    if (!local.empty()) model.embed->gather_rows(local, rows.data());
+    for (size_t j = 0; j < at.size(); ++j) std::copy_n(rows.data() + j * dim, dim, x.data() + at[j] * dim);
+  }
   if (model.desc.embed_scale != 1.0f)
     for (float& val : x) val *= model.desc.embed_scale;
+  if (model.shard.comm) all_reduce(model, x.data(), x.size());
   return x;
 }
 

@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 
@@ -54,6 +55,60 @@ TEST(UseDevice, CudaInABuildWithoutCudaSaysSo) {
     EXPECT_NE(std::string(e.what()).find("built without CUDA"), std::string::npos) << e.what();
   }
   EXPECT_EQ(run_cli("bench --synthetic llama3-8b --device cuda").first, 2);
+}
+
+// --devices: a list of distinct GPU ids, refused as a usage error otherwise, before any model is loaded (exit 2
+// from every command that takes it).
+TEST(Devices, ParsesAListOfDistinctIds) {
+  EXPECT_EQ(parse_devices("0"), (std::vector<int>{0}));
+  EXPECT_EQ(parse_devices("0,1,3"), (std::vector<int>{0, 1, 3}));
+  for (const char* bad : {"", "a", "1,", ",1", "-1", "0,0", "1 ,2", "0,1,2,3,4,5,6,7,8"}) {
+    try {
+      parse_devices(bad);
+      FAIL() << "accepted --devices '" << bad << "'";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), Errc::usage) << bad;
+    }
+  }
+  for (const char* cmd :
+       {"generate no-model", "chat no-model", "eval ppl no-model --text /dev/null", "bench no-model", "serve no-model"})
+    EXPECT_EQ(run_cli(std::string(cmd) + " --device cuda --devices 0,0").first, 2) << cmd;
+}
+
+TEST(Devices, RunOnCudaOnly) {
+  auto m = testing::tiny_model(testing::tiny_config());
+  const std::vector<int> one{0};
+  try {
+    use_device(*m, "cpu", one);
+    FAIL() << "expected Errc::usage";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::usage);
+    EXPECT_NE(std::string(e.what()).find("--device cuda"), std::string::npos) << e.what();
+  }
+}
+
+// Without a GPU only the refusals run: several GPUs (one rank per GPU is not built), a libnccl that is not there.
+TEST(Devices, TensorParallelRefusesWhatItCannotRun) {
+  const ModelDesc d = describe_model(testing::tiny_config(), "tiny");
+  const std::vector<int> two{0, 1}, one{0};
+  const auto refusal = [&](std::span<const int> devices) {
+    try {
+      tensor_parallel(d, devices);
+    } catch (const Error& e) {
+      return std::pair(e.code(), std::string(e.what()));
+    }
+    return std::pair(Errc::internal, std::string("no error"));
+  };
+  if (!cuda_built()) {
+    EXPECT_EQ(refusal(one).first, Errc::usage);
+    return;
+  }
+  EXPECT_EQ(refusal(two).first, Errc::unsupported) << refusal(two).second;
+  ::setenv("LOWBIT_NCCL", "/nonexistent/libnccl.so.2", 1);
+  const auto [code, what] = refusal(one);
+  ::unsetenv("LOWBIT_NCCL");
+  EXPECT_EQ(code, Errc::unsupported) << what;
+  EXPECT_NE(what.find("cannot load NCCL"), std::string::npos) << what;
 }
 
 std::vector<float> concat_decoded(std::span<const codec::TensorRef* const> parts) {

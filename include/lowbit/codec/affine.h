@@ -71,6 +71,8 @@ void decode_rows(const Params& params, const Shape& shape, const ArrayViews& arr
 // Plain RTN (MLX-identical) by default; with options.search, a per-group search over clipping ranges and a
 // least-squares refit, minimizing (importance-weighted) squared error.
 EncodedTensor encode(const Params& params, const Shape& shape, const float* weights, const EncodeOptions& options);
+EncodedTensor slice(const Params& params, const Shape& shape, const ArrayViews& arrays, Axis axis,
+                    std::span<const Range> ranges);
 void quantize_column(const Params& params, const Shape& shape, EncodedTensor& tensor, int64_t col,
                      const float* values, float* out);
 

@@ -50,6 +50,13 @@ struct EncodedTensor {
   ArrayViews views() const;
 };
 
+// A half-open range [begin, end) of rows or columns of a logical matrix.
+struct Range {
+  int64_t begin = 0;
+  int64_t end = 0;
+};
+enum class Axis : uint8_t { rows, cols };
+
 struct EncodeOptions {
   // Optional per-input-column importance (length cols), e.g. diag(H) of a calibration Hessian; encoders that
   // search (clipping ranges, trellis paths) minimize importance-weighted squared error when it is given.
@@ -69,14 +76,23 @@ struct Codec {
                                 int64_t row_begin, int64_t row_end, float* out);
   using EncodeFn = EncodedTensor (*)(const Params& params, const Shape& shape, const float* weights,
                                      const EncodeOptions& options);
+  using SliceFn = EncodedTensor (*)(const Params& params, const Shape& shape, const ArrayViews& arrays, Axis axis,
+                                    std::span<const Range> ranges);
   using QuantizeColumnFn = void (*)(const Params& params, const Shape& shape, EncodedTensor& tensor, int64_t col,
                                     const float* values, float* out);
 
   constexpr Codec(std::string_view id_, std::string_view summary_, ValidateFn validate_, ArraysFn arrays_,
-                  CheckContentFn check_content_, DecodeRowsFn decode_rows_, EncodeFn encode_,
+                  CheckContentFn check_content_, DecodeRowsFn decode_rows_, EncodeFn encode_, SliceFn slice_,
                   QuantizeColumnFn quantize_column_ = nullptr)
-      : id(id_), summary(summary_), validate(validate_), arrays(arrays_), check_content(check_content_),
-        decode_rows(decode_rows_), encode(encode_), quantize_column(quantize_column_) {}
+      : id(id_),
+        summary(summary_),
+        validate(validate_),
+        arrays(arrays_),
+        check_content(check_content_),
+        decode_rows(decode_rows_),
+        encode(encode_),
+        slice(slice_),
+        quantize_column(quantize_column_) {}
 
   std::string_view id;
   std::string_view summary;
@@ -90,6 +106,12 @@ struct Codec {
   DecodeRowsFn decode_rows;
   // Encodes a row-major fp32 tensor of the given logical shape.
   EncodeFn encode;
+  // Keeps the given ranges of one axis of a rank-2 tensor (concatenated in order) and all of the other, in the same
+  // codec: the stored arrays are cut, never decoded or re-encoded (tensor parallelism's shards). Ranges are in
+  // bounds, non-empty and ascending (slice_tensor checks). A range that would cut a quantization group, a tile or a
+  // rotated axis is Errc::shape naming the range; only the last range may end at the logical width, taking the
+  // padding with it.
+  SliceFn slice;
   // Optional; nullptr where a codec's grid is not fixed column by column (dense, trellis). Re-quantizes column
   // `col` of an encoded tensor onto the grid its stored parameters (scales, biases) already fix, writing the
   // codes in place and the dequantized values (one per row) to `out`. GPTQ/LDLQ's column-wise error feedback
@@ -119,6 +141,15 @@ double bits_per_weight(const Codec& codec, const Params& params, const Shape& sh
 // Validates params and shape, checks every array's dtype and shape against arrays(), then check_content().
 // `context` names the tensor in error messages.
 void validate_tensor(const TensorRef& tensor, std::string_view context);
+
+// A tensor cut by Codec::slice: its logical shape and its arrays.
+struct SlicedTensor {
+  Shape shape;
+  EncodedTensor tensor;
+};
+// Checks the ranges (in bounds, non-empty, ascending; the tensor rank 2), slices through the codec and validates
+// the result; errors are prefixed by `context`.
+SlicedTensor slice_tensor(const TensorRef& tensor, Axis axis, std::span<const Range> ranges, std::string_view context);
 
 // Decodes a whole tensor to fp32 (for tests, conversion and reference paths, never on a kernel's hot path).
 std::vector<float> decode_all(const TensorRef& tensor);

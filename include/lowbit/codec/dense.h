@@ -13,5 +13,7 @@ void check_content(const Params& params, const Shape& shape, const ArrayViews& a
 void decode_rows(const Params& params, const Shape& shape, const ArrayViews& arrays, int64_t row_begin,
                  int64_t row_end, float* out);
 EncodedTensor encode(const Params& params, const Shape& shape, const float* weights, const EncodeOptions& options);
+EncodedTensor slice(const Params& params, const Shape& shape, const ArrayViews& arrays, Axis axis,
+                    std::span<const Range> ranges);
 
 }  // namespace lowbit::codec::dense

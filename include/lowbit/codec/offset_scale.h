@@ -76,6 +76,8 @@ void decode_rows(const Params& params, const Shape& shape, const ArrayViews& arr
 // RTN with the largest magnitude of each group on the grid's outermost level; with options.search, a per-group
 // search over shrunken scales minimizing (importance-weighted) squared error.
 EncodedTensor encode(const Params& params, const Shape& shape, const float* weights, const EncodeOptions& options);
+EncodedTensor slice(const Params& params, const Shape& shape, const ArrayViews& arrays, Axis axis,
+                    std::span<const Range> ranges);
 void quantize_column(const Params& params, const Shape& shape, EncodedTensor& tensor, int64_t col,
                      const float* values, float* out);
 

@@ -107,6 +107,8 @@ void check_content(const Params& params, const Shape& shape, const ArrayViews& a
 void decode_rows(const Params& params, const Shape& shape, const ArrayViews& arrays, int64_t row_begin,
                  int64_t row_end, float* out);
 EncodedTensor encode(const Params& params, const Shape& shape, const float* weights, const EncodeOptions& options);
+EncodedTensor slice(const Params& params, const Shape& shape, const ArrayViews& arrays, Axis axis,
+                    std::span<const Range> ranges);
 // The F16 "scales" array encode starts from (before refitting them to its codes), for W' [padded_rows,
 // padded_cols] as stored (rotated, zero-padded): the rms of each row (or of the tensor) over the columns the
 // objective weighs without importance, over the code's rms. BlockLDLQ codes with these scales.

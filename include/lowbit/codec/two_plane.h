@@ -93,6 +93,8 @@ void decode_rows(const Params& params, const Shape& shape, const ArrayViews& arr
 // {0, +-a, +-(a + r)}, a = alpha of the row minimizing its squared error, r = the tensor's mean alpha;
 // options.search adds alternating least-squares refits of the row alphas and the single residual scale.
 EncodedTensor encode(const Params& params, const Shape& shape, const float* weights, const EncodeOptions& options);
+EncodedTensor slice(const Params& params, const Shape& shape, const ArrayViews& arrays, Axis axis,
+                    std::span<const Range> ranges);
 
 // GPTQ's column step (codec.h): re-rounds column `col` to the nearest of the five states on the grid the stored
 // metadata fixes (full: the group's four affine values; slim: the row's alpha and the single residual scale,

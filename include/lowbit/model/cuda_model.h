@@ -28,8 +28,24 @@
 namespace lowbit::model {
 
 // Makes forward() on `model` run on `device`: "cpu" (the default kernels) or "cuda" (Errc::usage in a build
-// without CUDA; Errc::unsupported naming the tensor when a codec has no CUDA kernel yet).
-void use_device(Model& model, std::string_view device);
+// without CUDA; Errc::unsupported naming the tensor when a codec has no CUDA kernel yet). `devices` (--devices),
+// when not empty, runs it on those GPUs through tensor_parallel() (device must be "cuda").
+void use_device(Model& model, std::string_view device, std::span<const int> devices = {});
+
+// --devices "0,1,...": GPU ids, distinct, 1 to 8 of them (Errc::usage naming the flag and the entry).
+std::vector<int> parse_devices(std::string_view list);
+
+// Tensor parallelism on the GPUs `devices` (shard.h): the sharded description of `desc` and the all-reduce of its
+// all_reduce ops through NCCL. libnccl is loaded at run time (dlopen: the file $LOWBIT_NCCL, else libnccl.so.2
+// from the library path: the CUDA toolkit's lib/ or PyTorch's nvidia/nccl/lib), so lowbit does not depend on it;
+// a missing one is Errc::unsupported saying so. One device: the 1-rank path (the same description and ops over
+// one NCCL rank on that GPU, which becomes the current device). Several: Errc::unsupported (a rank per GPU is not
+// built yet; the CPU simulation, shard.h, runs several ranks). Errc::usage in a build without CUDA.
+struct TensorParallel {
+  ModelDesc desc;
+  std::function<void(float* data, size_t n, void* stream)> all_reduce;
+};
+TensorParallel tensor_parallel(const ModelDesc& desc, std::span<const int> devices);
 
 // True when this lowbit was built with the CUDA backend.
 bool cuda_built();
@@ -55,6 +71,10 @@ struct CudaModelOptions {
   int64_t capacity = 0;   // positions per KV slot (<= config.max_seq); 0: min(max_seq, 256)
   KvType kv_type = KvType::f32;
   bool use_graphs = true;  // replay a captured CUDA graph per batch size (false: launch every kernel each step)
+  // The all-reduce of a sharded description's all_reduce ops (shard.h): device memory data [n] summed over the
+  // ranks in place, enqueued on `stream` (a cudaStream_t; inside a captured graph when graphs are on). Empty: a
+  // description with all_reduce ops is refused.
+  std::function<void(float* data, size_t n, void* stream)> all_reduce = nullptr;
 };
 
 // Looks up a stored tensor by its Hugging Face name (nullptr when absent; the names are the description's,
@@ -129,6 +149,7 @@ struct SpeedOptions {
   KvType kv_type = KvType::f32;
   bool use_graphs = true;
   uint64_t seed = 1;
+  std::vector<int> devices = {};  // --devices: through tensor_parallel(); empty: the current GPU alone
 };
 struct Speed {
   int batch = 1;

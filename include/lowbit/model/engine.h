@@ -30,6 +30,7 @@ namespace lowbit::model {
 
 struct EngineOptions {
   std::string device = "cpu";   // "cpu", or "cuda" (a build with LOWBIT_CUDA): one CudaModel slot per sequence
+  std::vector<int> devices;     // cuda: the GPUs of tensor_parallel (cuda_model.h, --devices); empty: the current one
   int parallel = 4;             // sequences decoded together, each in its own KV slot (cuda: 1..16)
   int64_t context = 0;          // positions per slot (prompt and completion); 0: the model's max_seq
   size_t max_queue = 64;        // requests waiting for a slot; submit() refuses more

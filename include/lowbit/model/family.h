@@ -103,10 +103,12 @@ enum class Reg : uint8_t { x, h };
 //   moe:       h = sum over the top-k experts e of weight_e * mlp_e(h), per row: the layer's MoeSpec routes
 //              (router logits h @ Wrouter^T), each expert a gated MLP of the layer's Activation
 //   add:       x = x + h
+//   all_reduce: h = the sum of h over the ranks of a sharded model (only in shard_desc's description, after the
+//              ops that end in a row-parallel linear; shard.h)
 // A Llama layer is {norm x attn_norm, attention, add, norm x ffn_norm, mlp, add}; a Gemma layer adds
 // {norm h post_attn_norm} before the first add and {norm h post_ffn_norm} before the second.
 struct Op {
-  enum class Kind : uint8_t { norm, attention, mlp, add, moe } kind;
+  enum class Kind : uint8_t { norm, attention, mlp, add, moe, all_reduce } kind;
   Reg in = Reg::x;            // norm only
   Role weight = Role::count;  // norm only: the gain
   Role bias = Role::count;    // norm only, NormKind::layer: the bias (Role::count: none)

@@ -70,6 +70,24 @@ class DeviceForward {
                        bool all_logits) = 0;
 };
 
+// The collective of tensor parallelism (shard.h): every rank of a sharded model calls it at the same ops.
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int ranks() const = 0;
+  // data [n] of every rank <- the sum over ranks, in place.
+  virtual void all_reduce(float* data, size_t n) = 0;
+};
+
+// What a rank of a sharded model holds beyond its shapes (shard_model in shard.h).
+struct ShardInfo {
+  int rank = 0;
+  int ranks = 1;
+  int64_t vocab_begin = 0;  // the embedding and head rows it holds start here (the head's rows() say how many)
+  std::shared_ptr<Communicator> comm;
+};
+
 class Model {
  public:
   ModelConfig config;
@@ -81,6 +99,7 @@ class Model {
   ModelDesc desc;                               // the family's description of config (family.h)
   std::vector<LayerWeights> layers;             // by desc.layers
   std::shared_ptr<DeviceForward> device;        // null: forward() runs on the CPU
+  ShardInfo shard;                              // ranks 1 and no comm: the whole model
 
   const NamedTensor* find(std::string_view name) const;
   // Keeps the storage the TensorRefs point into alive (mapped files, owned buffers, readers).

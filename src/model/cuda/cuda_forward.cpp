@@ -12,13 +12,20 @@ namespace {
 
 class CudaForward final : public DeviceForward {
  public:
-  explicit CudaForward(const Model& model)
-      : gpu_(model.config, model.desc,
+  // devices not empty: through tensor_parallel (its sharded description and NCCL all-reduce).
+  CudaForward(const Model& model, std::span<const int> devices)
+      : CudaForward(model, devices.empty() ? TensorParallel{model.desc, {}} : tensor_parallel(model.desc, devices)) {}
+
+  CudaForward(const Model& model, TensorParallel tp)
+      : gpu_(model.config, std::move(tp.desc),
              [&model](const std::string& name) {
                const NamedTensor* t = model.find(name);
                return t ? &t->ref : nullptr;
              },
-             {.max_batch = 1, .slots = 1, .capacity = std::min<int64_t>(model.config.max_seq, 256)}) {}
+             {.max_batch = 1,
+              .slots = 1,
+              .capacity = std::min<int64_t>(model.config.max_seq, 256),
+              .all_reduce = std::move(tp.all_reduce)}) {}
 
   void forward(KvCache& cache, std::span<const int32_t> tokens, int64_t pos, float* logits,
                bool all_logits) override {
@@ -45,6 +52,8 @@ class CudaForward final : public DeviceForward {
 
 }  // namespace
 
-std::shared_ptr<DeviceForward> make_cuda_forward(const Model& model) { return std::make_shared<CudaForward>(model); }
+std::shared_ptr<DeviceForward> make_cuda_forward(const Model& model, std::span<const int> devices) {
+  return std::make_shared<CudaForward>(model, devices);
+}
 
 }  // namespace lowbit::model

@@ -149,7 +149,8 @@ Shape shape_of(const TensorSpec& t, const ModelConfig& c) {
 // Refuses (Errc::unsupported, naming the layer) what the GPU interpreter cannot run: ops that read the branch
 // register h before any op (of this or an earlier layer) wrote it, an attention or MLP without its linears, q/k
 // LayerNorms, RoPE tables and rotary widths outside the description.
-void check_layer(const LayerDesc& d, const ModelDesc& desc, const ModelConfig& c, int64_t l, bool& h_written) {
+void check_layer(const LayerDesc& d, const ModelDesc& desc, const ModelConfig& c, int64_t l, bool reduces,
+                 bool& h_written) {
   const auto refuse = [&](std::string_view what) {
     fail(Errc::unsupported, "[cuda_model] layer {}: {}", l, what);
   };
@@ -157,6 +158,7 @@ void check_layer(const LayerDesc& d, const ModelDesc& desc, const ModelConfig& c
     const bool reads_h = op.kind != Op::Kind::norm || op.in == Reg::h;
     if (reads_h && !h_written) refuse("an op reads register h before any op wrote it");
     if (op.kind == Op::Kind::norm && !d.has(op.weight)) refuse("a norm op without its gain tensor");
+    if (op.kind == Op::Kind::all_reduce && !reduces) refuse("an all_reduce op without CudaModelOptions::all_reduce");
     h_written = true;
   }
   const auto runs = [&](Op::Kind kind) {
@@ -628,6 +630,9 @@ struct CudaModel::Impl {
             h = out;
             break;
           }
+          case Op::Kind::all_reduce:
+            o.all_reduce(h, static_cast<size_t>(n) * static_cast<size_t>(c.dim), stream);
+            break;
         }
       }
     }
@@ -713,7 +718,8 @@ CudaModel::CudaModel(const ModelConfig& config, ModelDesc desc, const TensorLook
   if (std::ssize(m.desc.layers) != c.n_layers)
     fail(Errc::internal, "[cuda_model] {} layer descriptions for {} layers", m.desc.layers.size(), c.n_layers);
   bool h_written = false;
-  for (int64_t l = 0; l < c.n_layers; ++l) check_layer(m.desc.layers[static_cast<size_t>(l)], m.desc, c, l, h_written);
+  for (int64_t l = 0; l < c.n_layers; ++l)
+    check_layer(m.desc.layers[static_cast<size_t>(l)], m.desc, c, l, bool(options.all_reduce), h_written);
   std::string why;
   if (!kc::device_available(&why)) fail(Errc::unsupported, "[cuda_model] no usable CUDA device: {}", why);
   check(cudaStreamCreateWithFlags(&m.stream, cudaStreamNonBlocking), "stream");

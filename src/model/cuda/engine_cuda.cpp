@@ -13,13 +13,18 @@ namespace {
 
 class CudaEngineBackend final : public EngineBackend {
  public:
-  CudaEngineBackend(const Model& model, int slots, int64_t capacity)
-      : gpu_(model.config,
+  // devices not empty: through tensor_parallel (its sharded description and NCCL all-reduce).
+  CudaEngineBackend(const Model& model, int slots, int64_t capacity, std::span<const int> devices)
+      : CudaEngineBackend(model, slots, capacity,
+                          devices.empty() ? TensorParallel{model.desc, {}} : tensor_parallel(model.desc, devices)) {}
+
+  CudaEngineBackend(const Model& model, int slots, int64_t capacity, TensorParallel tp)
+      : gpu_(model.config, std::move(tp.desc),
              [&model](const std::string& name) {
                const NamedTensor* t = model.find(name);
                return t ? &t->ref : nullptr;
              },
-             {.max_batch = slots, .slots = slots, .capacity = capacity}) {}
+             {.max_batch = slots, .slots = slots, .capacity = capacity, .all_reduce = std::move(tp.all_reduce)}) {}
 
   void prefill(int slot, std::span<const int32_t> tokens, int64_t pos, float* logits) override {
     gpu_.prefill(tokens, pos, slot, CudaModel::Logits::last, logits);
@@ -39,8 +44,9 @@ class CudaEngineBackend final : public EngineBackend {
 
 }  // namespace
 
-std::unique_ptr<EngineBackend> make_cuda_engine_backend(const Model& model, int slots, int64_t capacity) {
-  return std::make_unique<CudaEngineBackend>(model, slots, capacity);
+std::unique_ptr<EngineBackend> make_cuda_engine_backend(const Model& model, int slots, int64_t capacity,
+                                                        std::span<const int> devices) {
+  return std::make_unique<CudaEngineBackend>(model, slots, capacity, devices);
 }
 
 }  // namespace lowbit::model
