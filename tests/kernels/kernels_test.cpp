@@ -21,6 +21,7 @@
 #include "lowbit/core/error.h"
 #include "lowbit/core/thread_pool.h"
 #include "lowbit/kernels/cpu.h"
+#include "lowbit/kernels/cpu_attention.h"
 #include "simd.h"
 #include "support/codec_examples.h"
 
@@ -324,6 +325,37 @@ TEST(Simd, HelpersMatchScalarOnOddLengths) {
     simd::to_f32(DType::F16, h.data(), n, out.data());
     for (size_t i = 0; i < n; ++i) EXPECT_EQ(out[i], f16_to_f32(h[i]));
   }
+}
+
+// attend_head against softmax attention in f64, over lengths and head sizes that leave vector remainders.
+TEST(Attention, MatchesFp64SoftmaxAttention) {
+  std::mt19937 rng(11);
+  for (const size_t n : {size_t{1}, size_t{7}, size_t{40}})
+    for (const size_t hd : {size_t{5}, size_t{64}, size_t{72}})
+      for (const float softcap : {0.0f, 20.0f}) {
+        const size_t stride = hd + 3;
+        const auto q = random_values(hd, rng), keys = random_values(n * stride, rng),
+                   values = random_values(n * stride, rng);
+        const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+        std::vector<double> p(n);
+        double max = -INFINITY, sum = 0;
+        for (size_t t = 0; t < n; ++t) {
+          double s = 0;
+          for (size_t c = 0; c < hd; ++c) s += static_cast<double>(q[c]) * keys[t * stride + c];
+          s *= scale;
+          if (softcap > 0) s = softcap * std::tanh(s / softcap);
+          p[t] = s;
+          max = std::max(max, s);
+        }
+        for (double& v : p) sum += (v = std::exp(v - max));
+        std::vector<float> scores(n), out(hd);
+        attend_head(q.data(), keys.data(), values.data(), stride, n, hd, scale, softcap, scores.data(), out.data());
+        for (size_t c = 0; c < hd; ++c) {
+          double ref = 0;
+          for (size_t t = 0; t < n; ++t) ref += p[t] / sum * values[t * stride + c];
+          EXPECT_NEAR(out[c], ref, 1e-5) << "n " << n << " hd " << hd << " softcap " << softcap;
+        }
+      }
 }
 
 }  // namespace

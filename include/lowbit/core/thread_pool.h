@@ -1,6 +1,7 @@
 // A fixed pool of worker threads shared by every kernel: no thread is created per call.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <functional>
@@ -29,13 +30,17 @@ class ThreadPool {
   void worker_loop();
   static void run_chunks(Job& job);
 
+  // A decode step calls parallel_for hundreds of times with a few microseconds between calls: a worker spins on
+  // generation_ for a while after each job before it sleeps on wake_, and the caller spins on done_count_ before
+  // it sleeps on done_. Both counters change only under mutex_'s protection for sleepers: generation_ is bumped
+  // with mutex_ held and the last worker takes mutex_ before notifying, so no wake-up is lost.
   std::vector<std::thread> workers_;
   std::mutex mutex_;
   std::condition_variable wake_;
   std::condition_variable done_;
-  Job* job_ = nullptr;
-  size_t generation_ = 0;
-  size_t active_ = 0;
+  Job* job_ = nullptr;                 // written before generation_ is bumped, read after the bump is seen
+  std::atomic<size_t> generation_{0};  // one per job; stop_ is also signalled through it
+  std::atomic<size_t> done_count_{0};  // workers finished with the current job
   bool stop_ = false;
 };
 
