@@ -1,16 +1,128 @@
-#include "trellis_kernels.h"
+// Highway re-includes this file once per target (foreach_target.h), as simd.cpp does: the code-to-weight decode
+// is vectorized (a vector of consecutive states at once: each lane gathers the two stream words holding its
+// state's window, shifts and masks it, then gathers its code value from the table).
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "trellis_kernels.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
 
 #include <algorithm>
 #include <cstring>
+
+#include "lowbit/codec/trellis.h"
+
+#ifndef LOWBIT_TRELLIS_TILE_WORDS  // once, not per target
+#define LOWBIT_TRELLIS_TILE_WORDS
+namespace lowbit::kernels::trellis_simd {
+// One tile's stream as the vector decode reads it: one word of circular prefix (its last word: a state's window
+// reaches back at most L - k < 16 bits before the stream's start), the tile's words, two zero words of slack.
+struct TileWords {
+  static constexpr int kMaxWords = codec::trellis::kBlock * 4 / 16;
+  uint16_t w[1 + kMaxWords + 2];
+  void load(const std::byte* codes, size_t words) {
+    std::memcpy(w + 1, codes, words * 2);
+    w[0] = w[words];
+    w[words + 1] = w[words + 2] = 0;
+  }
+};
+}  // namespace lowbit::kernels::trellis_simd
+#endif
+
+HWY_BEFORE_NAMESPACE();
+namespace lowbit::kernels::trellis_simd {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+using DF = hn::ScalableTag<float>;
+using DU = hn::ScalableTag<uint32_t>;
+using DI = hn::ScalableTag<int32_t>;
+constexpr int kTileDim = codec::trellis::kTileDim;
+
+// Code values of states t0 .. t0 + Lanes - 1 of a tile: state t is the L-bit window ending at stream bit
+// (t + 1) k, i.e. starting at bit b = (t + 1) k - L, which is bit b + 16 of TileWords (after the prefix word).
+struct GroupDecoder {
+  DU du;
+  DI di;
+  DF df;
+  hn::Vec<DU> pattern;  // lane j: j k + k - L + 16, the window start of state j in TileWords
+  hn::Vec<DU> mask;
+  hn::Vec<DU> top;  // 32 - L
+  int k;
+  GroupDecoder(int k_bits, int L)
+      : pattern(hn::Add(hn::Mul(hn::Iota(du, 0), hn::Set(du, static_cast<uint32_t>(k_bits))),
+                        hn::Set(du, static_cast<uint32_t>(k_bits - L + 16)))),
+        mask(hn::Set(du, (1u << L) - 1u)),
+        top(hn::Set(du, static_cast<uint32_t>(32 - L))),
+        k(k_bits) {}
+
+  HWY_INLINE hn::Vec<DF> operator()(const TileWords& tw, int t0, const float* table) const {
+    const auto bits = hn::Add(pattern, hn::Set(du, static_cast<uint32_t>(t0 * k)));
+    // The u32 at word bits / 16 holds that word in its low half and the next in its high half (little endian);
+    // rotated, it is the 32 stream bits starting at the word, earliest bit most significant.
+    const auto offsets = hn::BitCast(di, hn::ShiftLeft<1>(hn::ShiftRight<4>(bits)));
+    const auto raw = hn::RotateRight<16>(hn::GatherOffset(du, reinterpret_cast<const uint32_t*>(tw.w), offsets));
+    const auto state = hn::And(hn::Shr(raw, hn::Sub(top, hn::And(bits, hn::Set(du, 15u)))), mask);
+    return hn::GatherIndex(df, table, hn::BitCast(di, state));
+  }
+};
+
+// out [16, 16] (row-major) = the tile's code values, row r times scales[r].
+void DecodeTile(const std::byte* codes, int k, int L, const float* table, const float* scales, float* out) {
+  const GroupDecoder dec(k, L);
+  const DF df;
+  const size_t N = hn::Lanes(df);
+  TileWords tw;
+  tw.load(codes, static_cast<size_t>(codec::trellis::kBlock * k / 16));
+  for (int r = 0; r < kTileDim; ++r) {
+    const auto s = hn::Set(df, scales[r]);
+    for (size_t c = 0; c < kTileDim; c += N)
+      hn::StoreU(hn::Mul(dec(tw, r * kTileDim + static_cast<int>(c), table), s), df, out + r * kTileDim + c);
+  }
+}
+
+// y [16 (tr1 - tr0)] = W' rows of tile rows [tr0, tr1) @ x (padded_cols), decoding straight into the dot
+// products: the one-row path, where scratch would cost as much as the arithmetic.
+void MatvecTileRows(const std::byte* codes, size_t col_tiles, int k, int L, const float* table, const float* scales,
+                    const float* x, size_t tr0, size_t tr1, float* y) {
+  const GroupDecoder dec(k, L);
+  const DF df;
+  const size_t N = hn::Lanes(df);
+  const size_t words = static_cast<size_t>(codec::trellis::kBlock * k / 16);
+  TileWords tw;
+  for (size_t tr = tr0; tr < tr1; ++tr) {
+    hn::Vec<DF> acc[kTileDim];
+    for (auto& a : acc) a = hn::Zero(df);
+    for (size_t ct = 0; ct < col_tiles; ++ct) {
+      tw.load(codes + (tr * col_tiles + ct) * words * 2, words);
+      const float* xs = x + ct * kTileDim;
+      for (int r = 0; r < kTileDim; ++r)
+        for (size_t c = 0; c < kTileDim; c += N)
+          acc[r] = hn::MulAdd(dec(tw, r * kTileDim + static_cast<int>(c), table), hn::LoadU(df, xs + c), acc[r]);
+    }
+    for (int r = 0; r < kTileDim; ++r)
+      y[(tr - tr0) * kTileDim + r] = hn::GetLane(hn::SumOfLanes(df, acc[r])) * scales[tr * kTileDim + r];
+  }
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace lowbit::kernels::trellis_simd
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
 #include <optional>
 #include <vector>
 
-#include "simd.h"
 #include "lowbit/codec/hadamard.h"
-#include "lowbit/codec/trellis.h"
 #include "lowbit/core/thread_pool.h"
+#include "simd.h"
+#include "trellis_kernels.h"
 
 namespace lowbit::kernels {
+
+namespace trellis_simd {
+HWY_EXPORT(DecodeTile);
+HWY_EXPORT(MatvecTileRows);
+}  // namespace trellis_simd
 
 namespace {
 
@@ -43,11 +155,20 @@ class TrellisLinear final : public CpuLinear {
       if (r_in_) r_in_->forward(xr.data() + i * pc);
     }
     std::vector<float> yr(static_cast<size_t>(m) * pr);  // y' [m, padded_rows]
-    const size_t k_chunk = std::min<size_t>(pc, 1024);
-    simd::tiled_matmul(
-        pr, pc, k_chunk,
-        [&](size_t r0, size_t, size_t k0, size_t k1, float* out, size_t stride) { decode(r0, k0, k1, out, stride); },
-        xr.data(), pc, static_cast<size_t>(m), yr.data(), pr, pool);
+    if (m == 1) {
+      const auto col_tiles = static_cast<size_t>(layout_.col_tiles());
+      pool.parallel_for(static_cast<size_t>(layout_.row_tiles()), 1, [&](size_t t0, size_t t1) {
+        HWY_DYNAMIC_DISPATCH(trellis_simd::MatvecTileRows)
+        (codes_, col_tiles, layout_.k, layout_.L, table_, scales_.data(), xr.data(), t0, t1,
+         yr.data() + t0 * tr::kTileDim);
+      });
+    } else {
+      const size_t k_chunk = std::min<size_t>(pc, 1024);
+      simd::tiled_matmul(
+          pr, pc, k_chunk,
+          [&](size_t r0, size_t, size_t k0, size_t k1, float* out, size_t stride) { decode(r0, k0, k1, out, stride); },
+          xr.data(), pc, static_cast<size_t>(m), yr.data(), pr, pool);
+    }
     for (int64_t i = 0; i < m; ++i) {
       if (r_out_) r_out_->inverse(yr.data() + i * pr);
       std::copy_n(yr.data() + i * pr, layout_.rows, y + i * layout_.rows);
@@ -62,22 +183,18 @@ class TrellisLinear final : public CpuLinear {
   }
 
  private:
-  // Rows [r0, r0 + 16) x columns [k0, k1) of W' (tile-aligned) into out (row stride `stride`): the same
-  // arithmetic as codec::trellis::decode_tile, with the scales converted once.
+  // Rows [r0, r0 + 16) x columns [k0, k1) of W' (tile-aligned) into out (row stride `stride`): the code values
+  // of codec::trellis::decode_tile times the row scales, converted once.
   void decode(size_t r0, size_t k0, size_t k1, float* out, size_t stride) const {
     const size_t wpt = static_cast<size_t>(layout_.words_per_tile());
     const size_t tile_row = r0 / tr::kTileDim;
     float tile[tr::kBlock];
-    uint16_t words[tr::kBlock * 4 / 16];
     for (size_t c0 = k0; c0 < k1; c0 += tr::kTileDim) {
       const size_t index = tile_row * static_cast<size_t>(layout_.col_tiles()) + c0 / tr::kTileDim;
-      std::memcpy(words, codes_ + index * wpt * 2, wpt * 2);
-      tr::decode_block(words, tr::kBlock, layout_.k, layout_.L, table_, tile);
-      for (int r = 0; r < tr::kTileDim; ++r) {
-        const float s = scales_[r0 + r];
-        float* dst = out + r * stride + (c0 - k0);
-        for (int c = 0; c < tr::kTileDim; ++c) dst[c] = tile[r * tr::kTileDim + c] * s;
-      }
+      HWY_DYNAMIC_DISPATCH(trellis_simd::DecodeTile)
+      (codes_ + index * wpt * 2, layout_.k, layout_.L, table_, scales_.data() + r0, tile);
+      for (int r = 0; r < tr::kTileDim; ++r)
+        std::copy_n(tile + r * tr::kTileDim, tr::kTileDim, out + r * stride + (c0 - k0));
     }
   }
 
@@ -96,3 +213,4 @@ std::unique_ptr<CpuLinear> prepare_trellis(const codec::TensorRef& tensor) {
 }
 
 }  // namespace lowbit::kernels
+#endif  // HWY_ONCE
