@@ -55,9 +55,9 @@ ThreadPool::ThreadPool(size_t threads) {
 }
 
 ThreadPool::~ThreadPool() {
+  stop_.store(true);
   {
     std::lock_guard lock(mutex_);
-    stop_ = true;
     generation_.fetch_add(1);
   }
   wake_.notify_all();
@@ -79,23 +79,25 @@ void ThreadPool::run_chunks(Job& job) {
   }
 }
 
-// Every worker takes part in every job (finding no chunk left is taking part) and counts itself done, so the
-// caller knows when no worker can still touch the job it owns.
+// A worker joins the job it finds published in job_, counted in active_; the caller unpublishes the job when its
+// chunks are done and waits only for the workers that joined it. The caller's store of null before its load of
+// active_, and a worker's increment of active_ before its load of job_ (all sequentially consistent), mean that a
+// worker that finds the job is one the caller waits for. A worker that is not running (a loaded machine) is not
+// waited for: the caller and the running workers take its chunks.
 void ThreadPool::worker_loop() {
   t_inside_pool = true;
   size_t seen = 0;
   for (;;) {
-    if (!spin_until([&] { return generation_.load(std::memory_order_acquire) != seen; })) {
+    if (!spin_until([&] { return generation_.load() != seen; })) {
       std::unique_lock lock(mutex_);
-      wake_.wait(lock, [&] { return generation_.load(std::memory_order_relaxed) != seen; });
+      wake_.wait(lock, [&] { return generation_.load() != seen; });
     }
-    // job_ and stop_ were written before the bump of generation_ that this thread has seen (an acquire load, or
-    // one under mutex_), and the caller writes job_ again only after this worker counts itself done.
-    if (stop_) return;
-    seen = generation_.load(std::memory_order_relaxed);
-    run_chunks(*job_);
-    if (done_count_.fetch_add(1, std::memory_order_acq_rel) + 1 == workers_.size()) {
-      // Taking mutex_ orders this after a caller's check of done_count_ under it, before it waits.
+    seen = generation_.load();
+    if (stop_.load()) return;
+    active_.fetch_add(1);
+    if (Job* job = job_.load()) run_chunks(*job);
+    if (active_.fetch_sub(1) == 1) {
+      // Taking mutex_ orders this after a caller's check of active_ under it, before it waits.
       { std::lock_guard lock(mutex_); }
       done_.notify_one();
     }
@@ -115,20 +117,21 @@ void ThreadPool::parallel_for(size_t n, size_t grain, const std::function<void(s
   job.fn = &fn;
   job.n = n;
   job.chunk = chunk;
+  job_.store(&job);
   {
+    // Bumped under mutex_ so that a worker about to sleep either sees it or is woken.
     std::lock_guard lock(mutex_);
-    job_ = &job;
-    done_count_.store(0, std::memory_order_relaxed);
-    generation_.fetch_add(1, std::memory_order_release);
+    generation_.fetch_add(1);
   }
   wake_.notify_all();
   t_inside_pool = true;
   run_chunks(job);
   t_inside_pool = false;
-  const auto all_done = [&] { return done_count_.load(std::memory_order_acquire) == workers_.size(); };
-  if (!spin_until(all_done)) {
+  job_.store(nullptr);
+  const auto none_active = [&] { return active_.load() == 0; };
+  if (!spin_until(none_active)) {
     std::unique_lock lock(mutex_);
-    done_.wait(lock, all_done);
+    done_.wait(lock, none_active);
   }
   if (job.error) std::rethrow_exception(job.error);
 }
