@@ -1,6 +1,6 @@
 // Highway re-includes this file once per target (foreach_target.h), as simd.cpp does: the code-to-weight decode
-// is vectorized (a vector of consecutive states at once: each lane gathers the two stream words holding its
-// state's window, shifts and masks it, then gathers its code value from the table).
+// is vectorized (a vector of consecutive states at once: each half of the vector shifts its lanes' windows out of
+// one 64-bit piece of the stream, then the lanes gather their code values from the table).
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "trellis_kernels.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
@@ -15,14 +15,23 @@
 #define LOWBIT_TRELLIS_TILE_WORDS
 namespace lowbit::kernels::trellis_simd {
 // One tile's stream as the vector decode reads it: one word of circular prefix (its last word: a state's window
-// reaches back at most L - k < 16 bits before the stream's start), the tile's words, two zero words of slack.
+// reaches back at most L - k < 16 bits before the stream's start), the tile's words, four zero words of slack
+// (the last 64-bit piece starts at most 3 words before the end).
 struct TileWords {
   static constexpr int kMaxWords = codec::trellis::kBlock * 4 / 16;
-  uint16_t w[1 + kMaxWords + 2];
+  uint16_t w[1 + kMaxWords + 4];
   void load(const std::byte* codes, size_t words) {
     std::memcpy(w + 1, codes, words * 2);
     w[0] = w[words];
-    w[words + 1] = w[words + 2] = 0;
+    std::fill(w + words + 1, w + words + 5, uint16_t{0});
+  }
+  // The 64 stream bits from TileWords bit b on, earliest bit most significant (at least 49 valid).
+  uint64_t bits_from(uint32_t b) const {
+    uint64_t v;
+    std::memcpy(&v, w + (b >> 4), 8);  // words w0 | w1 << 16 | w2 << 32 | w3 << 48 (little endian)
+    v = (v >> 32) | (v << 32);
+    v = ((v >> 16) & 0x0000FFFF0000FFFFull) | ((v & 0x0000FFFF0000FFFFull) << 16);  // w0 << 48 | .. | w3
+    return v << (b & 15);
   }
 };
 }  // namespace lowbit::kernels::trellis_simd
@@ -39,29 +48,36 @@ using DI = hn::ScalableTag<int32_t>;
 constexpr int kTileDim = codec::trellis::kTileDim;
 
 // Code values of states t0 .. t0 + Lanes - 1 of a tile: state t is the L-bit window ending at stream bit
-// (t + 1) k, i.e. starting at bit b = (t + 1) k - L, which is bit b + 16 of TileWords (after the prefix word).
+// (t + 1) k, i.e. starting at bit (t + 1) k - L, which is bit (t + 1) k - L + 16 of TileWords (after the prefix
+// word). Each half of the lanes takes its windows from one 64-bit piece starting at its first state's window:
+// lane j of a half is that piece shifted right by 64 - L - j k (j k + L <= 7 * 4 + 16 + 15 < 64 for the 8 lanes of
+// the widest vector), the halves are joined by keeping the low 32 bits of each 64-bit lane.
 struct GroupDecoder {
+  using D64 = hn::Repartition<uint64_t, DU>;
   DU du;
   DI di;
   DF df;
-  hn::Vec<DU> pattern;  // lane j: j k + k - L + 16, the window start of state j in TileWords
+  D64 d64;
+  hn::Vec<D64> shifts;  // lane j of a half: 64 - L - j k
   hn::Vec<DU> mask;
-  hn::Vec<DU> top;  // 32 - L
-  int k;
+  uint32_t k, first;
   GroupDecoder(int k_bits, int L)
-      : pattern(hn::Add(hn::Mul(hn::Iota(du, 0), hn::Set(du, static_cast<uint32_t>(k_bits))),
-                        hn::Set(du, static_cast<uint32_t>(k_bits - L + 16)))),
+      : shifts(Shifts(d64, k_bits, L)),
         mask(hn::Set(du, (1u << L) - 1u)),
-        top(hn::Set(du, static_cast<uint32_t>(32 - L))),
-        k(k_bits) {}
+        k(static_cast<uint32_t>(k_bits)),
+        first(static_cast<uint32_t>(k_bits - L + 16)) {}
 
-  HWY_INLINE hn::Vec<DF> operator()(const TileWords& tw, int t0, const float* table) const {
-    const auto bits = hn::Add(pattern, hn::Set(du, static_cast<uint32_t>(t0 * k)));
-    // The u32 at word bits / 16 holds that word in its low half and the next in its high half (little endian);
-    // rotated, it is the 32 stream bits starting at the word, earliest bit most significant.
-    const auto offsets = hn::BitCast(di, hn::ShiftLeft<1>(hn::ShiftRight<4>(bits)));
-    const auto raw = hn::RotateRight<16>(hn::GatherOffset(du, reinterpret_cast<const uint32_t*>(tw.w), offsets));
-    const auto state = hn::And(hn::Shr(raw, hn::Sub(top, hn::And(bits, hn::Set(du, 15u)))), mask);
+  static hn::Vec<D64> Shifts(D64 d, int k, int L) {
+    uint64_t s[HWY_MAX_BYTES / 8];
+    for (size_t j = 0; j < hn::Lanes(d); ++j) s[j] = static_cast<uint64_t>(64 - L - static_cast<int>(j) * k);
+    return hn::LoadU(d, s);
+  }
+
+  HWY_INLINE hn::Vec<DF> operator()(const TileWords& tw, uint32_t t0, const float* table) const {
+    const uint32_t b = t0 * k + first, half = static_cast<uint32_t>(hn::Lanes(d64));
+    const auto lo = hn::Shr(hn::Set(d64, tw.bits_from(b)), shifts);
+    const auto hi = hn::Shr(hn::Set(d64, tw.bits_from(b + half * k)), shifts);
+    const auto state = hn::And(hn::ConcatEven(du, hn::BitCast(du, hi), hn::BitCast(du, lo)), mask);
     return hn::GatherIndex(df, table, hn::BitCast(di, state));
   }
 };
@@ -76,7 +92,7 @@ void DecodeTile(const std::byte* codes, int k, int L, const float* table, const 
   for (int r = 0; r < kTileDim; ++r) {
     const auto s = hn::Set(df, scales[r]);
     for (size_t c = 0; c < kTileDim; c += N)
-      hn::StoreU(hn::Mul(dec(tw, r * kTileDim + static_cast<int>(c), table), s), df, out + r * kTileDim + c);
+      hn::StoreU(hn::Mul(dec(tw, static_cast<uint32_t>(r * kTileDim + c), table), s), df, out + r * kTileDim + c);
   }
 }
 
@@ -97,7 +113,7 @@ void MatvecTileRows(const std::byte* codes, size_t col_tiles, int k, int L, cons
       const float* xs = x + ct * kTileDim;
       for (int r = 0; r < kTileDim; ++r)
         for (size_t c = 0; c < kTileDim; c += N)
-          acc[r] = hn::MulAdd(dec(tw, r * kTileDim + static_cast<int>(c), table), hn::LoadU(df, xs + c), acc[r]);
+          acc[r] = hn::MulAdd(dec(tw, static_cast<uint32_t>(r * kTileDim + c), table), hn::LoadU(df, xs + c), acc[r]);
     }
     for (int r = 0; r < kTileDim; ++r)
       y[(tr - tr0) * kTileDim + r] = hn::GetLane(hn::SumOfLanes(df, acc[r])) * scales[tr * kTileDim + r];
