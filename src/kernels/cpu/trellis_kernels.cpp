@@ -1,6 +1,6 @@
 // Highway re-includes this file once per target (foreach_target.h), as simd.cpp does: the code-to-weight decode
 // is vectorized (a vector of consecutive states at once: each half of the vector shifts its lanes' windows out of
-// one 64-bit piece of the stream, then the lanes gather their code values from the table).
+// one 64-bit piece of the stream, then computes their code values: no gather, no table).
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "trellis_kernels.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
@@ -61,11 +61,13 @@ struct GroupDecoder {
   hn::Vec<D64> shifts;  // lane j of a half: 64 - L - j k
   hn::Vec<DU> mask;
   uint32_t k, first;
-  GroupDecoder(int k_bits, int L)
+  codec::trellis::Code code;
+  GroupDecoder(int k_bits, int L, codec::trellis::Code c)
       : shifts(Shifts(d64, k_bits, L)),
         mask(hn::Set(du, (1u << L) - 1u)),
         k(static_cast<uint32_t>(k_bits)),
-        first(static_cast<uint32_t>(k_bits - L + 16)) {}
+        first(static_cast<uint32_t>(k_bits - L + 16)),
+        code(c) {}
 
   static hn::Vec<D64> Shifts(D64 d, int k, int L) {
     uint64_t s[HWY_MAX_BYTES / 8];
@@ -73,18 +75,45 @@ struct GroupDecoder {
     return hn::LoadU(d, s);
   }
 
-  HWY_INLINE hn::Vec<DF> operator()(const TileWords& tw, uint32_t t0, const float* table) const {
+  HWY_INLINE hn::Vec<DF> operator()(const TileWords& tw, uint32_t t0) const {
     const uint32_t b = t0 * k + first, half = static_cast<uint32_t>(hn::Lanes(d64));
     const auto lo = hn::Shr(hn::Set(d64, tw.bits_from(b)), shifts);
     const auto hi = hn::Shr(hn::Set(d64, tw.bits_from(b + half * k)), shifts);
     const auto state = hn::And(hn::ConcatEven(du, hn::BitCast(du, hi), hn::BitCast(du, lo)), mask);
-    return hn::GatherIndex(df, table, hn::BitCast(di, state));
+    return code == codec::trellis::Code::inst3 ? Code3Inst(state) : Code1Mad(state);
+  }
+
+  // codec::trellis::code_1mad in lanes: the byte sum of an LCG step, centred and scaled (the same division).
+  HWY_INLINE hn::Vec<DF> Code1Mad(hn::Vec<DU> s) const {
+    const auto x = hn::Add(hn::Mul(s, hn::Set(du, 34038481u)), hn::Set(du, 76625530u));
+    const auto bytes = hn::Set(du, 0x00FF00FFu);
+    const auto pairs = hn::Add(hn::And(x, bytes), hn::And(hn::ShiftRight<8>(x), bytes));
+    const auto sum = hn::Add(hn::And(pairs, hn::Set(du, 0xFFFFu)), hn::ShiftRight<16>(pairs));
+    return hn::Div(hn::ConvertTo(df, hn::Sub(hn::BitCast(di, sum), hn::Set(di, 510))),
+                   hn::Set(df, 147.800537109375f));
+  }
+
+  // codec::trellis::code_3inst in lanes: the two f16 halves of a masked LCG step, summed and rounded to f16. The
+  // mask leaves each half's exponent field 0b011xx (12..15), so both are normal and widen to f32 by moving their
+  // bits; their sum is exact in f32 and is 0 or at least 2^-13 in magnitude (their ulps are at least 2^-13), an
+  // f16 normal, so rounding it to f16 is rounding its mantissa to 10 bits, to nearest even.
+  HWY_INLINE hn::Vec<DF> Code3Inst(hn::Vec<DU> s) const {
+    const auto x = hn::Add(hn::Mul(s, hn::Set(du, 89226354u)), hn::Set(du, 64248484u));
+    const auto r = hn::Xor(hn::And(x, hn::Set(du, 0x8FFF8FFFu)), hn::Set(du, 0x3B603B60u));
+    const auto widen = [&](hn::Vec<DU> h) {  // h: f16 bits in the low half
+      const auto sign = hn::ShiftLeft<16>(hn::And(h, hn::Set(du, 0x8000u)));
+      const auto rest = hn::Add(hn::ShiftLeft<13>(hn::And(h, hn::Set(du, 0x7FFFu))), hn::Set(du, 112u << 23));
+      return hn::BitCast(df, hn::Or(sign, rest));
+    };
+    const auto sum = hn::BitCast(du, hn::Add(widen(hn::And(r, hn::Set(du, 0xFFFFu))), widen(hn::ShiftRight<16>(r))));
+    const auto even = hn::And(hn::ShiftRight<13>(sum), hn::Set(du, 1u));
+    return hn::BitCast(df, hn::And(hn::Add(sum, hn::Add(hn::Set(du, 0xFFFu), even)), hn::Set(du, 0xFFFFE000u)));
   }
 };
 
 // out [16, 16] (row-major) = the tile's code values, row r times scales[r].
-void DecodeTile(const std::byte* codes, int k, int L, const float* table, const float* scales, float* out) {
-  const GroupDecoder dec(k, L);
+void DecodeTile(const std::byte* codes, int k, int L, codec::trellis::Code code, const float* scales, float* out) {
+  const GroupDecoder dec(k, L, code);
   const DF df;
   const size_t N = hn::Lanes(df);
   TileWords tw;
@@ -92,15 +121,15 @@ void DecodeTile(const std::byte* codes, int k, int L, const float* table, const 
   for (int r = 0; r < kTileDim; ++r) {
     const auto s = hn::Set(df, scales[r]);
     for (size_t c = 0; c < kTileDim; c += N)
-      hn::StoreU(hn::Mul(dec(tw, static_cast<uint32_t>(r * kTileDim + c), table), s), df, out + r * kTileDim + c);
+      hn::StoreU(hn::Mul(dec(tw, static_cast<uint32_t>(r * kTileDim + c)), s), df, out + r * kTileDim + c);
   }
 }
 
 // y [16 (tr1 - tr0)] = W' rows of tile rows [tr0, tr1) @ x (padded_cols), decoding straight into the dot
 // products: the one-row path, where scratch would cost as much as the arithmetic.
-void MatvecTileRows(const std::byte* codes, size_t col_tiles, int k, int L, const float* table, const float* scales,
+void MatvecTileRows(const std::byte* codes, size_t col_tiles, int k, int L, codec::trellis::Code code, const float* scales,
                     const float* x, size_t tr0, size_t tr1, float* y) {
-  const GroupDecoder dec(k, L);
+  const GroupDecoder dec(k, L, code);
   const DF df;
   const size_t N = hn::Lanes(df);
   const size_t words = static_cast<size_t>(codec::trellis::kBlock * k / 16);
@@ -113,7 +142,7 @@ void MatvecTileRows(const std::byte* codes, size_t col_tiles, int k, int L, cons
       const float* xs = x + ct * kTileDim;
       for (int r = 0; r < kTileDim; ++r)
         for (size_t c = 0; c < kTileDim; c += N)
-          acc[r] = hn::MulAdd(dec(tw, static_cast<uint32_t>(r * kTileDim + c), table), hn::LoadU(df, xs + c), acc[r]);
+          acc[r] = hn::MulAdd(dec(tw, static_cast<uint32_t>(r * kTileDim + c)), hn::LoadU(df, xs + c), acc[r]);
     }
     for (int r = 0; r < kTileDim; ++r)
       y[(tr - tr0) * kTileDim + r] = hn::GetLane(hn::SumOfLanes(df, acc[r])) * scales[tr * kTileDim + r];
@@ -149,7 +178,6 @@ class TrellisLinear final : public CpuLinear {
   explicit TrellisLinear(const codec::TensorRef& t) : tensor_(t), layout_(tr::parse_layout(t.params, t.shape)) {
     if (layout_.rotate_input) r_in_.emplace(layout_.padded_cols, layout_.input_seed);
     if (layout_.rotate_output) r_out_.emplace(layout_.padded_rows, layout_.output_seed);
-    table_ = tr::code_table(layout_.code, layout_.L);
     codes_ = t.arrays.at("codes").bytes.data();
     const TensorView& scales = t.arrays.at("scales");
     scales_.resize(static_cast<size_t>(layout_.padded_rows));
@@ -175,7 +203,7 @@ class TrellisLinear final : public CpuLinear {
       const auto col_tiles = static_cast<size_t>(layout_.col_tiles());
       pool.parallel_for(static_cast<size_t>(layout_.row_tiles()), 1, [&](size_t t0, size_t t1) {
         HWY_DYNAMIC_DISPATCH(trellis_simd::MatvecTileRows)
-        (codes_, col_tiles, layout_.k, layout_.L, table_, scales_.data(), xr.data(), t0, t1,
+        (codes_, col_tiles, layout_.k, layout_.L, layout_.code, scales_.data(), xr.data(), t0, t1,
          yr.data() + t0 * tr::kTileDim);
       });
     } else {
@@ -208,7 +236,7 @@ class TrellisLinear final : public CpuLinear {
     for (size_t c0 = k0; c0 < k1; c0 += tr::kTileDim) {
       const size_t index = tile_row * static_cast<size_t>(layout_.col_tiles()) + c0 / tr::kTileDim;
       HWY_DYNAMIC_DISPATCH(trellis_simd::DecodeTile)
-      (codes_ + index * wpt * 2, layout_.k, layout_.L, table_, scales_.data() + r0, tile);
+      (codes_ + index * wpt * 2, layout_.k, layout_.L, layout_.code, scales_.data() + r0, tile);
       for (int r = 0; r < tr::kTileDim; ++r)
         std::copy_n(tile + r * tr::kTileDim, tr::kTileDim, out + r * stride + (c0 - k0));
     }
@@ -217,7 +245,6 @@ class TrellisLinear final : public CpuLinear {
   codec::TensorRef tensor_;
   tr::Layout layout_;
   std::optional<codec::hadamard::RandomizedHadamard> r_in_, r_out_;
-  const float* table_ = nullptr;
   const std::byte* codes_ = nullptr;  // [row_tiles, col_tiles, 16 k] U16, possibly unaligned
   std::vector<float> scales_;         // per padded row
 };
