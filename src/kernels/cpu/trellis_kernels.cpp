@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "lowbit/codec/trellis.h"
 
@@ -133,19 +134,19 @@ void MatvecTileRows(const std::byte* codes, size_t col_tiles, int k, int L, code
   const DF df;
   const size_t N = hn::Lanes(df);
   const size_t words = static_cast<size_t>(codec::trellis::kBlock * k / 16);
-  TileWords tw;
+  // The tile row's streams are copied once; then each row runs over all of them with one accumulator, so that
+  // nothing spills from registers.
+  std::vector<TileWords> tws(col_tiles);
   for (size_t tr = tr0; tr < tr1; ++tr) {
-    hn::Vec<DF> acc[kTileDim];
-    for (auto& a : acc) a = hn::Zero(df);
-    for (size_t ct = 0; ct < col_tiles; ++ct) {
-      tw.load(codes + (tr * col_tiles + ct) * words * 2, words);
-      const float* xs = x + ct * kTileDim;
-      for (int r = 0; r < kTileDim; ++r)
+    for (size_t ct = 0; ct < col_tiles; ++ct) tws[ct].load(codes + (tr * col_tiles + ct) * words * 2, words);
+    for (int r = 0; r < kTileDim; ++r) {
+      auto acc = hn::Zero(df);
+      for (size_t ct = 0; ct < col_tiles; ++ct)
         for (size_t c = 0; c < kTileDim; c += N)
-          acc[r] = hn::MulAdd(dec(tw, static_cast<uint32_t>(r * kTileDim + c)), hn::LoadU(df, xs + c), acc[r]);
+          acc = hn::MulAdd(dec(tws[ct], static_cast<uint32_t>(r * kTileDim + c)), hn::LoadU(df, x + ct * kTileDim + c),
+                           acc);
+      y[(tr - tr0) * kTileDim + r] = hn::GetLane(hn::SumOfLanes(df, acc)) * scales[tr * kTileDim + r];
     }
-    for (int r = 0; r < kTileDim; ++r)
-      y[(tr - tr0) * kTileDim + r] = hn::GetLane(hn::SumOfLanes(df, acc[r])) * scales[tr * kTileDim + r];
   }
 }
 
