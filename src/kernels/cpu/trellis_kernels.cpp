@@ -90,8 +90,7 @@ struct GroupDecoder {
     const auto bytes = hn::Set(du, 0x00FF00FFu);
     const auto pairs = hn::Add(hn::And(x, bytes), hn::And(hn::ShiftRight<8>(x), bytes));
     const auto sum = hn::Add(hn::And(pairs, hn::Set(du, 0xFFFFu)), hn::ShiftRight<16>(pairs));
-    return hn::Div(hn::ConvertTo(df, hn::Sub(hn::BitCast(di, sum), hn::Set(di, 510))),
-                   hn::Set(df, 147.800537109375f));
+    return hn::Div(hn::ConvertTo(df, hn::Sub(hn::BitCast(di, sum), hn::Set(di, 510))), hn::Set(df, 147.800537109375f));
   }
 
   // codec::trellis::code_3inst in lanes: the two f16 halves of a masked LCG step, summed and rounded to f16. The
@@ -128,8 +127,8 @@ void DecodeTile(const std::byte* codes, int k, int L, codec::trellis::Code code,
 
 // y [16 (tr1 - tr0)] = W' rows of tile rows [tr0, tr1) @ x (padded_cols), decoding straight into the dot
 // products: the one-row path, where scratch would cost as much as the arithmetic.
-void MatvecTileRows(const std::byte* codes, size_t col_tiles, int k, int L, codec::trellis::Code code, const float* scales,
-                    const float* x, size_t tr0, size_t tr1, float* y) {
+void MatvecTileRows(const std::byte* codes, size_t col_tiles, int k, int L, codec::trellis::Code code,
+                    const float* scales, const float* x, size_t tr0, size_t tr1, float* y) {
   const GroupDecoder dec(k, L, code);
   const DF df;
   const size_t N = hn::Lanes(df);
