@@ -85,43 +85,45 @@ step_quantize() {
 text_windows() {
   local text=$out/wikitext_$WINDOWS.txt
   if [[ ! -f $text ]]; then
-    # ~4.5 bytes per token on WikiText-2 for these vocabularies; a margin, then cut at a line end.
-    head -c $((WINDOWS * 512 * 5 + 4096)) "$WIKITEXT" | sed '$d' >"$text"
+    # About WINDOWS windows (~4.5 bytes per token on WikiText-2 for these vocabularies), cut at a line end; both
+    # tools score every whole window of it (kld.tsv records how many each scored).
+    head -c $((WINDOWS * 512 * 9 / 2)) "$WIKITEXT" | sed '$d' >"$text"
   fi
   echo "$text"
 }
 
-# llama_kld GGUF: "KLD top1" of GGUF against the source's logits on the windows.
+# llama_kld GGUF: "KLD top1 windows" of GGUF against the source's logits on the windows.
 llama_kld() {
   local text log
   text=$(text_windows)
   if [[ ! -f $out/base_$WINDOWS.kld ]]; then
-    nice -n 10 "$LLAMACPP_BIN/llama-perplexity" -m "$source" -f "$text" -c 512 -b 512 -t "$THREADS" --chunks "$WINDOWS" \
+    nice -n 10 "$LLAMACPP_BIN/llama-perplexity" -m "$source" -f "$text" -c 512 -b 512 -t "$THREADS" \
       --kl-divergence-base "$out/base_$WINDOWS.kld" >"$out/base_$WINDOWS.log" 2>&1
   fi
   log=$out/kld_$(basename "$1").log
-  nice -n 10 "$LLAMACPP_BIN/llama-perplexity" -m "$1" -t "$THREADS" --chunks "$WINDOWS" \
+  nice -n 10 "$LLAMACPP_BIN/llama-perplexity" -m "$1" -t "$THREADS" \
     --kl-divergence-base "$out/base_$WINDOWS.kld" --kl-divergence >"$log" 2>&1
   python3 - "$log" <<'PY'
 import re, sys
 log = open(sys.argv[1]).read()
 kld = re.search(r"Mean\s+KLD:\s+([-0-9.]+)", log)
 top1 = re.search(r"Same top p:\s+([0-9.]+)", log)
-if not kld or not top1:
-    sys.exit(f"{sys.argv[1]}: no 'Mean KLD' / 'Same top p' line")
-print(kld.group(1), float(top1.group(1)) / 100)
+windows = re.search(r"over (\d+) chunks", log)
+if not kld or not top1 or not windows:
+    sys.exit(f"{sys.argv[1]}: no 'Mean KLD' / 'Same top p' / 'over N chunks' line")
+print(kld.group(1), float(top1.group(1)) / 100, windows.group(1))
 PY
 }
 
-# lowbit_kld MODEL: "KLD top1" of MODEL against the source on the windows (lowbit eval kld).
+# lowbit_kld MODEL: "KLD top1 windows" of MODEL against the source (lowbit eval kld; 255 tokens scored a window).
 lowbit_kld() {
   nice -n 10 "$LOWBIT" eval kld "$source" "$1" --text "$(text_windows)" --ctx 512 --threads "$THREADS" --json \
-    2>"$out/kld_lowbit.err" | python3 -c 'import json, sys; r = json.load(sys.stdin); print(r["kld_mean"], r["top1_agreement"])'
+    2>"$out/kld_lowbit.err" | python3 -c 'import json, sys; r = json.load(sys.stdin); print(r["kld_mean"], r["top1_agreement"], r["tokens"] // 255)'
 }
 
 step_kld() {
   local t p
-  printf 'tool\ttype\tbpw_file\tbpw_linears\tkld\ttop1\n' >"$out/kld.tsv"
+  printf 'tool\ttype\tbpw_file\tbpw_linears\tkld\ttop1\twindows\n' >"$out/kld.tsv"
   for t in $LLAMA_TYPES; do
     printf 'llama.cpp\t%s\t%s\t%s\n' "$t" "$(bpw "$(gguf_of "$t")" | tr ' ' '\t')" \
       "$(llama_kld "$(gguf_of "$t")" | tr ' ' '\t')" >>"$out/kld.tsv"
@@ -137,7 +139,7 @@ step_agree() {
   local g
   g=$(gguf_of Q4_K_M)
   {
-    echo "same GGUF ($(basename "$g")) against the source, $WINDOWS windows of 512: KLD top1"
+    echo "same GGUF ($(basename "$g")) against the source, windows of 512: KLD top1 windows"
     echo "llama-perplexity --kl-divergence: $(llama_kld "$g")"
     echo "lowbit eval kld:                  $(lowbit_kld "$g")"
   } | tee "$out/agree.txt"
