@@ -18,6 +18,8 @@ packages=(
   pybind11-dev python3-dev python3-pytest
   # lowbit quantize's default calibration text: /usr/share/debian-reference/debian-reference.en.txt.gz
   debian-reference-en
+  # scripts/plot_kld_bpw.py (run with /usr/bin/python3): the KLD-against-bits plot of scripts/compare_llamacpp.sh
+  python3-matplotlib
 )
 
 missing=()

@@ -2,10 +2,10 @@
 // comments. Each layer runs its op list over two registers, the residual stream x [m, dim] and the branch
 // h [m, dim]. Each of the m rows has its place, a position in a KV cache: a prefill's rows are consecutive
 // positions of one cache, a decode step's rows (forward_rows) one position each of their own sequences' caches.
-// The linears run over all m rows at once; RoPE, the cache appends and attention run per row at its place. Reductions
-// run in run.c's order (sequential f32 sums) so that a llama2.c checkpoint reproduces run.c's greedy output. The KV
-// cache keeps every position of every layer, sliding-window layers included (they only read the window); a ring cache
-// for them is a later optimisation.
+// The linears run over all m rows at once; RoPE, the cache appends and attention run per row at its place. Norms
+// reduce in run.c's order (sequential f32 sums); the linears and attention (kernels::attend_head) use vector sums. The
+// KV cache keeps every position of every layer, sliding-window layers included (they only read the window); a ring
+// cache for them is a later optimisation.
 #include <algorithm>
 #include <cmath>
 #include <numbers>
@@ -14,6 +14,7 @@
 
 #include "lowbit/core/error.h"
 #include "lowbit/core/thread_pool.h"
+#include "lowbit/kernels/cpu_attention.h"
 #include "lowbit/model/model.h"
 
 namespace lowbit::model {
@@ -107,29 +108,10 @@ void attention(const ModelConfig& c, const AttentionSpec& spec, Rows rows, int64
       const int64_t p = rows[static_cast<size_t>(i)].pos, kv_off = (h / group) * hd;
       const int64_t first = spec.causal && spec.window > 0 ? std::max<int64_t>(0, p - spec.window + 1) : 0;
       const int64_t end = spec.causal ? p : last;  // the last key this row sees
-      const float* qh = q + (i * c.n_heads + h) * hd;
-      float max = -INFINITY;
-      for (int64_t t = first; t <= end; ++t) {
-        const float* k = cache.key(layer, t) + kv_off;
-        float score = 0.0f;
-        for (int64_t d = 0; d < hd; ++d) score += qh[d] * k[d];
-        score *= spec.scale;
-        if (spec.softcap > 0.0f) score = spec.softcap * std::tanh(score / spec.softcap);
-        att[t] = score;
-        max = std::max(max, att[t]);
-      }
-      float sum = 0.0f;
-      for (int64_t t = first; t <= end; ++t) {
-        att[t] = std::exp(att[t] - max);
-        sum += att[t];
-      }
-      for (int64_t t = first; t <= end; ++t) att[t] /= sum;
-      float* o = out + (i * c.n_heads + h) * hd;
-      std::fill(o, o + hd, 0.0f);
-      for (int64_t t = first; t <= end; ++t) {
-        const float* v = cache.value(layer, t) + kv_off;
-        for (int64_t d = 0; d < hd; ++d) o[d] += att[t] * v[d];
-      }
+      kernels::attend_head(q + (i * c.n_heads + h) * hd, cache.key(layer, first) + kv_off,
+                           cache.value(layer, first) + kv_off, static_cast<size_t>(c.kv_dim()),
+                           static_cast<size_t>(end - first + 1), static_cast<size_t>(hd), spec.scale, spec.softcap,
+                           att.data(), out + (i * c.n_heads + h) * hd);
     }
   });
 }

@@ -1,11 +1,14 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <numeric>
+#include <thread>
 
 #include "lowbit/core/checked.h"
 #include "lowbit/core/dtype.h"
@@ -200,6 +203,20 @@ TEST(ThreadPool, NestedCallsRunInline) {
     for (size_t i = b; i < e; ++i) pool.parallel_for(10, 1, [&](size_t b2, size_t e2) { count += e2 - b2; });
   });
   EXPECT_EQ(count.load(), 80u);
+}
+
+// Many short jobs back to back, with pauses longer than the workers' spin between some of them, so that jobs
+// find the workers both spinning and asleep: every job must cover its range once and return.
+TEST(ThreadPool, BackToBackJobsWithSleepingAndSpinningWorkers) {
+  ThreadPool pool(3);
+  for (int round = 0; round < 2000; ++round) {
+    std::vector<int> hits(37, 0);
+    pool.parallel_for(hits.size(), 1, [&](size_t b, size_t e) {
+      for (size_t i = b; i < e; ++i) hits[i]++;
+    });
+    ASSERT_EQ(std::count(hits.begin(), hits.end(), 1), 37) << "round " << round;
+    if (round % 200 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
 }
 
 TEST(Tensor, BufferSizeIsChecked) {

@@ -21,6 +21,7 @@
 #include "lowbit/core/error.h"
 #include "lowbit/core/thread_pool.h"
 #include "lowbit/kernels/cpu.h"
+#include "lowbit/kernels/cpu_attention.h"
 #include "simd.h"
 #include "support/codec_examples.h"
 
@@ -324,6 +325,63 @@ TEST(Simd, HelpersMatchScalarOnOddLengths) {
     simd::to_f32(DType::F16, h.data(), n, out.data());
     for (size_t i = 0; i < n; ++i) EXPECT_EQ(out[i], f16_to_f32(h[i]));
   }
+}
+
+// The trellis kernel computes code values in lanes instead of reading codec::trellis::code_table: with one-hot
+// activations (no rotation) each output is one weight, code value times scale, and must equal the decoder's
+// bit for bit, on both the one-row and the batched path, for both codes and the presets' L and k.
+TEST(Kernels, TrellisOneHotColumnsEqualTheDecoderExactly) {
+  std::mt19937 rng(13);
+  ThreadPool pool(2);
+  const codec::Codec& c = *codec::find_codec("trellis");
+  for (const auto& params : {Params{{"L", 16}, {"k", 2}, {"code", "1mad"}, {"rotate", "none"}},
+                             Params{{"L", 12}, {"k", 4}, {"code", "3inst"}, {"rotate", "none"}},
+                             Params{{"L", 16}, {"k", 3}, {"code", "3inst"}, {"rotate", "none"}}}) {
+    const int64_t rows = 32, cols = 48;
+    const Encoded e = encode(c, params, {rows, cols}, rng);
+    const auto w = codec::decode_all(e.ref);
+    const auto kernel = prepare_cpu(e.ref);
+    for (const int64_t m : {int64_t{1}, int64_t{2}})
+      for (int64_t j = 0; j < cols; ++j) {
+        std::vector<float> x(static_cast<size_t>(m * cols), 0.0f), y(static_cast<size_t>(m * rows));
+        for (int64_t i = 0; i < m; ++i) x[i * cols + (j + i) % cols] = 1.0f;
+        kernel->matmul(x.data(), m, y.data(), pool);
+        for (int64_t i = 0; i < m; ++i)
+          for (int64_t r = 0; r < rows; ++r)
+            ASSERT_EQ(y[i * rows + r], w[r * cols + (j + i) % cols]) << params.dump() << " m=" << m << " col " << j;
+      }
+  }
+}
+
+// attend_head against softmax attention in f64, over lengths and head sizes that leave vector remainders.
+TEST(Attention, MatchesFp64SoftmaxAttention) {
+  std::mt19937 rng(11);
+  for (const size_t n : {size_t{1}, size_t{7}, size_t{40}})
+    for (const size_t hd : {size_t{5}, size_t{64}, size_t{72}})
+      for (const float softcap : {0.0f, 20.0f}) {
+        const size_t stride = hd + 3;
+        const auto q = random_values(hd, rng), keys = random_values(n * stride, rng),
+                   values = random_values(n * stride, rng);
+        const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+        std::vector<double> p(n);
+        double max = -INFINITY, sum = 0;
+        for (size_t t = 0; t < n; ++t) {
+          double s = 0;
+          for (size_t c = 0; c < hd; ++c) s += static_cast<double>(q[c]) * keys[t * stride + c];
+          s *= scale;
+          if (softcap > 0) s = softcap * std::tanh(s / softcap);
+          p[t] = s;
+          max = std::max(max, s);
+        }
+        for (double& v : p) sum += (v = std::exp(v - max));
+        std::vector<float> scores(n), out(hd);
+        attend_head(q.data(), keys.data(), values.data(), stride, n, hd, scale, softcap, scores.data(), out.data());
+        for (size_t c = 0; c < hd; ++c) {
+          double ref = 0;
+          for (size_t t = 0; t < n; ++t) ref += p[t] / sum * values[t * stride + c];
+          EXPECT_NEAR(out[c], ref, 1e-5) << "n " << n << " hd " << hd << " softcap " << softcap;
+        }
+      }
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // A fixed pool of worker threads shared by every kernel: no thread is created per call.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <functional>
@@ -29,14 +30,17 @@ class ThreadPool {
   void worker_loop();
   static void run_chunks(Job& job);
 
+  // A decode step calls parallel_for hundreds of times with a few microseconds between calls: a worker spins on
+  // generation_ for a while after each job before it sleeps on wake_, and the caller spins on active_ before it
+  // sleeps on done_ (thread_pool.cpp says why no wake-up is lost and which workers the caller waits for).
   std::vector<std::thread> workers_;
   std::mutex mutex_;
   std::condition_variable wake_;
   std::condition_variable done_;
-  Job* job_ = nullptr;
-  size_t generation_ = 0;
-  size_t active_ = 0;
-  bool stop_ = false;
+  std::atomic<Job*> job_{nullptr};     // the job workers may join; null once its caller has done its chunks
+  std::atomic<size_t> generation_{0};  // bumped per job and at stop
+  std::atomic<size_t> active_{0};      // workers inside a job
+  std::atomic<bool> stop_{false};
 };
 
 // The process-wide pool; its size is set once by set_default_threads (e.g. from --threads) before first use.
