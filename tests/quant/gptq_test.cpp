@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <cmath>
 #include <random>
+#include <span>
 
 #include "lowbit/codec/codec.h"
 #include "lowbit/codec/dense.h"
+#include "lowbit/core/error.h"
 #include "lowbit/quant/block_ldlq.h"
 #include "lowbit/quant/gptq.h"
 
@@ -49,8 +51,14 @@ void grid_column(const codec::Params&, const Shape& s, codec::EncodedTensor& t, 
   }
 }
 
-const codec::Codec kGrid{"test_grid", "test", grid_validate, grid_arrays, grid_check, grid_decode, grid_encode,
-                         grid_column};
+// GPTQ never slices; tensor parallelism's slicing is not this test's subject.
+codec::EncodedTensor grid_slice(const codec::Params&, const Shape&, const codec::ArrayViews&, codec::Axis,
+                                std::span<const codec::Range>) {
+  fail(Errc::unsupported, "[test_grid] no slicing");
+}
+
+const codec::Codec kGrid{"test_grid", "test",      grid_validate, grid_arrays, grid_check,
+                         grid_decode, grid_encode, grid_slice,    grid_column};
 
 struct Problem {
   Shape shape;
@@ -241,7 +249,8 @@ TEST(Gptq, PaddedLastGroupIsRegridded) {
     const auto q = codec::decode_all({&codec, r.tensor.params, p.shape, r.tensor.views()});
     const int64_t c0 = k.cols / k.group * k.group, width = k.cols - c0;
     std::vector<float> slice, diag;
-    for (int64_t row = 0; row < 16; ++row) slice.insert(slice.end(), &p.w[row * k.cols + c0], &p.w[row * k.cols + k.cols]);
+    for (int64_t row = 0; row < 16; ++row)
+      slice.insert(slice.end(), &p.w[row * k.cols + c0], &p.w[row * k.cols + k.cols]);
     for (int64_t c = c0; c < k.cols; ++c) diag.push_back(static_cast<float>(p.h.h[c * k.cols + c]));
     codec::EncodeOptions eo;
     eo.search = true;
