@@ -644,16 +644,23 @@ std::optional<lowbit::model::ChatTemplate> load_chat_template(const Args& a, con
   }
 }
 
+volatile std::sig_atomic_t g_stop_signal = 0;
+extern "C" void record_stop_signal(int sig) { g_stop_signal = sig; }
+
 void run(const Args& a) {
   using namespace lowbit;
   if (a.port < 0 || a.port > 65535) fail(Errc::usage, "[serve] --port {}: expected 0..65535", a.port);
   // SIGINT and SIGTERM go to the thread that waits for them (every thread started below inherits the mask);
   // SIGPIPE from a client that left is ignored (the failed write ends that response).
+  // Threads that libraries start before main (OpenBLAS's pool) do not have the mask, and a signal they take would
+  // end the process by the default action: the handler records it instead, and the waiter below reads it.
   sigset_t stop_signals;
   sigemptyset(&stop_signals);
   sigaddset(&stop_signals, SIGINT);
   sigaddset(&stop_signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  std::signal(SIGINT, record_stop_signal);
+  std::signal(SIGTERM, record_stop_signal);
   std::signal(SIGPIPE, SIG_IGN);
 
   set_default_threads(a.threads);
@@ -697,7 +704,8 @@ void run(const Args& a) {
   std::thread waiter([&] {
     const timespec tick{0, 200'000'000};
     while (!listening_done) {
-      const int sig = sigtimedwait(&stop_signals, nullptr, &tick);
+      int sig = sigtimedwait(&stop_signals, nullptr, &tick);
+      if (sig != SIGINT && sig != SIGTERM) sig = g_stop_signal;
       if (sig != SIGINT && sig != SIGTERM) continue;
       std::fprintf(stderr, "[serve] %s: stopping\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
       engine.stop();  // ends the responses in flight first: httplib's stop joins its handler threads
