@@ -258,7 +258,9 @@ TEST(Stories260K, HfConversionGivesTheSameLogits) {
   EXPECT_TRUE(converted->config.tied_embeddings);
   ThreadPool pool(2);
   const std::vector<int32_t> tokens{1, 403, 407, 261, 378, 44, 343, 290, 280, 15, 300};
-  expect_near(prefill_logits(*original, tokens, pool), prefill_logits(*converted, tokens, pool), 1e-5f);
+  // The permuted q/k rows sum in another order: logits near 10 differ by a few float ulp (1.1e-5 in the
+  // one-lane build the debug preset compiles), not by a conversion error, which moves them by far more.
+  expect_near(prefill_logits(*original, tokens, pool), prefill_logits(*converted, tokens, pool), 3e-5f);
   EXPECT_THROW(write_hf(*original, dir), Error);  // refuses an existing directory
   fs::remove_all(dir);
 }

@@ -233,7 +233,8 @@ TEST(Qwen3AsrPhonon, PackedDecodersMatchTheirDequantizedWeights) {
 
 TEST(Qwen3Asr, LongAudioSplitsAsTheReference) {
   const std::vector<float> one = speech();
-  for (const json& c : expected().at("chunks")) {
+  const json want = expected();  // named: a range-for over a temporary's member reads freed memory
+  for (const json& c : want.at("chunks")) {
     std::vector<float> wav;
     for (int64_t i = 0; i < c.at("repeat").get<int64_t>(); ++i) wav.insert(wav.end(), one.begin(), one.end());
     std::vector<int64_t> starts;

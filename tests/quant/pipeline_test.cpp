@@ -415,7 +415,8 @@ TEST(Quantize, CliRefusesRequantizingWithExit3AndTakesReuse) {
       {"quantize", src.string(), (tmp.path / "again").string(), "--no-calib", "--json", "--reuse", a4, a3});
   ASSERT_EQ(again.status, 0) << again.err;
   EXPECT_NE(again.err.find("from 2 --reuse artifacts"), std::string::npos) << again.err;
-  for (const auto& t : nlohmann::json::parse(again.out)["tensors"])
+  const auto report = nlohmann::json::parse(again.out);
+  for (const auto& t : report["tensors"])
     EXPECT_EQ(t["method"], t["codec"] == "dense" ? "dense" : "reused") << t["name"];
 }
 
