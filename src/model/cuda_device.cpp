@@ -26,7 +26,10 @@ std::vector<Speed> measure_cuda(const ModelConfig&, const ModelDesc&, const Tens
   no_cuda();
 }
 std::string cuda_device_summary() { no_cuda(); }
-TensorParallel tensor_parallel(const ModelDesc&, std::span<const int>) { no_cuda(); }
+TensorParallel tensor_parallel(const ModelConfig&, const ModelDesc&, const TensorLookup&, std::span<const int>,
+                               std::string_view) {
+  no_cuda();
+}
 #endif
 
 namespace {

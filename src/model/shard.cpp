@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <barrier>
 #include <exception>
+#include <map>
 #include <thread>
 
 #include <fmt/format.h>
@@ -27,15 +28,6 @@ std::vector<float> slice_vector(const std::vector<float>& v, std::span<const cod
   std::vector<float> out;
   for (const codec::Range& r : ranges) out.insert(out.end(), v.begin() + r.begin, v.begin() + r.end);
   return out;
-}
-
-// The tensor `name` of `full` cut along `axis` to `ranges`, prepared for the CPU kernels.
-std::unique_ptr<kernels::CpuLinear> slice_linear(const Model& full, const std::string& name, codec::Axis axis,
-                                                 std::span<const codec::Range> ranges, std::string_view source) {
-  const NamedTensor* t = full.find(name);
-  if (!t) fail(Errc::internal, "[shard_model] {}: tensor '{}' is missing", source, name);
-  codec::SlicedTensor s = codec::slice_tensor(t->ref, axis, ranges, fmt::format("[shard_model] {}: {}", source, name));
-  return kernels::prepare_cpu_owned(*t->ref.codec, s.shape, std::move(s.tensor));
 }
 
 // All-reduce by summing in rank order: every rank posts its buffer, rank 0 sums them, every rank copies the sum.
@@ -152,19 +144,31 @@ std::unique_ptr<Model> shard_model(const Model& full, int rank, int ranks, std::
   if (rank < 0 || rank >= ranks || !comm || comm->rank() != rank || comm->ranks() != ranks)
     fail(Errc::internal, "[shard_model] rank {} of {} with a communicator of rank {} of {}", rank, ranks,
          comm ? comm->rank() : -1, comm ? comm->ranks() : 0);
+  // The rank's linears come from rank_tensors, as the GPU ranks' do, copied for the CPU kernels (the source keeps
+  // a layer's slices only until the next layer's).
+  const RankTensors rt = rank_tensors(
+      c, full.desc,
+      [&full](const std::string& name) {
+        const NamedTensor* t = full.find(name);
+        return t ? &t->ref : nullptr;
+      },
+      rank, ranks, source);
+  const auto prepare = [&](const std::string& name) -> std::unique_ptr<kernels::CpuLinear> {
+    const codec::TensorRef* t = rt.tensors(name);
+    if (!t) return nullptr;
+    const codec::Range all{0, codec::matrix_dims(t->shape).first};
+    codec::SlicedTensor copy =
+        codec::slice_tensor(*t, codec::Axis::rows, std::span(&all, 1), fmt::format("[shard_model] {}: {}", source, name));
+    return kernels::prepare_cpu_owned(*t->codec, copy.shape, std::move(copy.tensor));
+  };
   auto m = std::make_unique<Model>();
-  m->config = shard_config(c, rank, ranks);
+  m->config = rt.config;
   m->desc = shard_desc(full.desc);
-  const codec::Range vocab = share(c.vocab, rank, ranks);
-  m->shard = {.rank = rank, .ranks = ranks, .vocab_begin = vocab.begin, .comm = std::move(comm)};
-  m->embed = slice_linear(full, std::string(kEmbedTensor), codec::Axis::rows, std::span(&vocab, 1), source);
-  m->lm_head = c.tied_embeddings
-                   ? m->embed
-                   : std::shared_ptr<kernels::CpuLinear>(slice_linear(full, std::string(kLmHeadTensor),
-                                                                      codec::Axis::rows, std::span(&vocab, 1), source));
+  m->shard = {.rank = rank, .ranks = ranks, .vocab_begin = rt.vocab.begin, .comm = std::move(comm)};
+  m->embed = prepare(std::string(kEmbedTensor));
+  m->lm_head = c.tied_embeddings ? m->embed : std::shared_ptr<kernels::CpuLinear>(prepare(std::string(kLmHeadTensor)));
   m->final_norm = full.final_norm;
   m->final_norm_bias = full.final_norm_bias;
-  const codec::Range experts = share(c.n_experts, rank, ranks);
   m->layers.resize(full.layers.size());
   for (size_t l = 0; l < full.layers.size(); ++l) {
     const LayerDesc& desc = full.desc.layers[l];
@@ -181,16 +185,79 @@ std::unique_ptr<Model> shard_model(const Model& full, int rank, int ranks, std::
                                                                                            : v;
         continue;
       }
-      if (split == Split::by_expert && (t.expert < experts.begin || t.expert >= experts.end)) continue;
-      const bool cols = split == Split::cols;
-      const std::vector<codec::Range> ranges = split == Split::rows || cols
-                                                   ? dim_ranges(cols ? t.cols : t.rows, c, rank, ranks)
-                                                   : std::vector<codec::Range>{{0, dim_size(t.rows, c)}};
-      w.linear_slot(t.role, t.expert) =
-          slice_linear(full, name, cols ? codec::Axis::cols : codec::Axis::rows, ranges, source);
+      if (auto linear = prepare(name)) w.linear_slot(t.role, t.expert) = std::move(linear);
     }
   }
   return m;
+}
+
+RankTensors rank_tensors(const ModelConfig& c, const ModelDesc& d, TensorSource full, int rank, int ranks,
+                         std::string_view source) {
+  check_shardable(c, ranks, source);
+  if (rank < 0 || rank >= ranks) fail(Errc::internal, "[shard_model] rank {} of {}", rank, ranks);
+  RankTensors out{shard_config(c, rank, ranks), share(c.vocab, rank, ranks), share(c.n_experts, rank, ranks), {}};
+  if (ranks == 1) {
+    out.tensors = std::move(full);
+    return out;
+  }
+  struct Layered {
+    int64_t layer;
+    const TensorSpec* spec;
+    Split split;
+  };
+  // By name, each layer tensor's spec (in a copy of the description the source keeps) and split.
+  auto desc = std::make_shared<const ModelDesc>(d);
+  auto specs = std::make_shared<std::map<std::string, Layered, std::less<>>>();
+  for (size_t l = 0; l < desc->layers.size(); ++l)
+    for (const TensorSpec& t : desc->layers[l].tensors)
+      specs->emplace(hf_tensor_name(static_cast<int64_t>(l), t),
+                     Layered{static_cast<int64_t>(l), &t, split_of(t, desc->layers[l])});
+  // The slices handed out for the layer asked for last (-1: the embedding and head), with their storage.
+  struct Held {
+    codec::TensorRef ref;
+    std::shared_ptr<const void> storage;
+  };
+  struct Cache {
+    int64_t layer = -2;
+    std::map<std::string, Held, std::less<>> held;
+  };
+  auto cache = std::make_shared<Cache>();
+  const std::string what(source);
+  out.tensors = [c, desc, full = std::move(full), specs, cache, rank, ranks, vocab = out.vocab, experts = out.experts,
+                 what](const std::string& name) -> const codec::TensorRef* {
+    const bool table = name == kEmbedTensor || name == kLmHeadTensor;
+    const auto it = specs->find(name);
+    if (!table && it == specs->end()) return full(name);  // the final norm: replicated
+    const Layered* spec = table ? nullptr : &it->second;
+    if (spec && (spec->split == Split::replicated || (spec->split == Split::first_rank && rank == 0)))
+      return full(name);
+    if (spec && spec->split == Split::by_expert)
+      return spec->spec->expert >= experts.begin && spec->spec->expert < experts.end ? full(name) : nullptr;
+    const int64_t layer = spec ? spec->layer : -1;
+    if (cache->layer != layer) cache->held.clear(), cache->layer = layer;
+    if (const auto h = cache->held.find(name); h != cache->held.end()) return &h->second.ref;
+    const codec::TensorRef* whole = full(name);
+    if (!whole) return nullptr;
+    const std::string context = fmt::format("[shard_model] {}: {}", what, name);
+    Held held;
+    if (spec && !spec->spec->linear()) {  // a vector: zeros (first rank's) or its rows
+      auto kept = std::make_shared<std::vector<float>>(codec::decode_all(*whole));
+      if (spec->split == Split::first_rank)
+        std::fill(kept->begin(), kept->end(), 0.0f);
+      else
+        *kept = slice_vector(*kept, dim_ranges(spec->spec->rows, c, rank, ranks));
+      held = {dense_f32_ref({static_cast<int64_t>(kept->size())}, *kept), kept};
+    } else {
+      const bool cols = spec && spec->split == Split::cols;
+      const std::vector<codec::Range> ranges =
+          !spec ? std::vector<codec::Range>{vocab} : dim_ranges(cols ? spec->spec->cols : spec->spec->rows, c, rank, ranks);
+      auto sliced = std::make_shared<codec::SlicedTensor>(
+          codec::slice_tensor(*whole, cols ? codec::Axis::cols : codec::Axis::rows, ranges, context));
+      held = {codec::TensorRef{whole->codec, sliced->tensor.params, sliced->shape, sliced->tensor.views()}, sliced};
+    }
+    return &cache->held.emplace(name, std::move(held)).first->second.ref;
+  };
+  return out;
 }
 
 std::vector<std::shared_ptr<Communicator>> local_group(int ranks) {

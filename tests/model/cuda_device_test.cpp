@@ -87,13 +87,16 @@ TEST(Devices, RunOnCudaOnly) {
   }
 }
 
-// Without a GPU only the refusals run: several GPUs (one rank per GPU is not built), a libnccl that is not there.
+// The refusals, which need no GPU: a model whose KV heads do not split over the devices (before anything is
+// loaded), a libnccl that is not there.
 TEST(Devices, TensorParallelRefusesWhatItCannotRun) {
-  const ModelDesc d = describe_model(testing::tiny_config(), "tiny");
-  const std::vector<int> two{0, 1}, one{0};
+  const ModelConfig c = testing::tiny_config();  // 2 KV heads
+  const ModelDesc d = describe_model(c, "tiny");
+  const TensorLookup none = [](const std::string&) { return nullptr; };
+  const std::vector<int> three{0, 1, 2}, one{0};
   const auto refusal = [&](std::span<const int> devices) {
     try {
-      tensor_parallel(d, devices);
+      tensor_parallel(c, d, none, devices, "tiny");
     } catch (const Error& e) {
       return std::pair(e.code(), std::string(e.what()));
     }
@@ -103,7 +106,9 @@ TEST(Devices, TensorParallelRefusesWhatItCannotRun) {
     EXPECT_EQ(refusal(one).first, Errc::usage);
     return;
   }
-  EXPECT_EQ(refusal(two).first, Errc::unsupported) << refusal(two).second;
+  const auto [split_code, split_what] = refusal(three);
+  EXPECT_EQ(split_code, Errc::usage) << split_what;
+  EXPECT_NE(split_what.find("2 KV heads do not split over 3 devices"), std::string::npos) << split_what;
   ::setenv("LOWBIT_NCCL", "/nonexistent/libnccl.so.2", 1);
   const auto [code, what] = refusal(one);
   ::unsetenv("LOWBIT_NCCL");

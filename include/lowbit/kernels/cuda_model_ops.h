@@ -22,10 +22,11 @@ namespace lowbit::kernels::cuda {
 // Element type of an embedding table or of the KV cache.
 enum class ElemType : uint8_t { f32, f16, bf16 };
 
-// x [batch, dim] = table [vocab, dim] rows tokens[b] * scale (f32 out whatever the table type); out-of-range ids
+// x [batch, dim] = table [rows, dim] rows tokens[b] - first * scale (f32 out whatever the table type): the table
+// holds the vocabulary rows first .. first + rows - 1 (all of them, or a tensor-parallel rank's share); other ids
 // give 0.
-void launch_embed_gather(const void* table, ElemType type, int64_t vocab, int64_t dim, const int32_t* tokens,
-                         float scale, int batch, float* x, CUstream_st* stream);
+void launch_embed_gather(const void* table, ElemType type, int64_t first, int64_t rows, int64_t dim,
+                         const int32_t* tokens, float scale, int batch, float* x, CUstream_st* stream);
 
 // How a norm normalises (family.h's NormKind): rms: w * x / rms(x); rms_unit_offset: (1 + w) * x / rms(x) (Gemma,
 // f32); layer: (x - mean) / sqrt(var + eps) * w + b (f32 statistics, bias optional).
@@ -132,7 +133,9 @@ void launch_activation(ActType type, const float* gate, const float* up, const f
 // pair i is row pair_row[i] (the grouped gate/up matmul reads its input rows through it); the pairs of one expert
 // form a group (groups in expert order: group_expert, group_start = its first pair, group_count = its pairs, one
 // per row that chose it; groups past the last have count 0). slot[b * top_k + j] and weight[b * top_k + j] are
-// row b's pairs and weights in expert order (the order the CPU adds the experts' outputs in).
+// row b's pairs and weights in expert order (the order the CPU adds the experts' outputs in). A tensor-parallel
+// rank holds the experts [expert_begin, expert_end) only: its groups number their experts from expert_begin, the
+// groups of other experts have count 0 and the pairs that chose them slot -1 (the weighted sum leaves them out).
 inline constexpr int kMoeMaxTopK = 64;       // pairs of a step: at most kMaxBatch * kMoeMaxTopK
 inline constexpr int kMoeMaxExperts = 4096;  // the router's chosen-set bit masks live in shared memory
 inline constexpr int kMoeMaxRows = 16;       // one warp per row
@@ -143,6 +146,7 @@ struct MoeRoute {
   int32_t* group_expert = nullptr;  // [batch * top_k]
   int32_t* group_start = nullptr;   // [batch * top_k]
   int32_t* group_count = nullptr;   // [batch * top_k]
+  int expert_begin = 0, expert_end = kMoeMaxExperts;
 };
 
 // Routes `batch` (1..kMoeMaxRows) rows of logits, n_experts (1..kMoeMaxExperts), top_k (1..min(n_experts,
@@ -151,7 +155,7 @@ void launch_moe_route(const float* logits, int n_experts, int top_k, bool renorm
                       CUstream_st* stream);
 
 // out [batch, dim]: row b = sum over j < top_k of weight[b * top_k + j] * y [slot[b * top_k + j]] (the experts'
-// outputs, weighted, added in expert order).
+// outputs, weighted, added in expert order; slots -1 left out).
 void launch_moe_combine(const float* y, int64_t dim, const MoeRoute& route, int batch, int top_k, float* out,
                         CUstream_st* stream);
 

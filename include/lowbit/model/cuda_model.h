@@ -24,6 +24,7 @@
 #include "lowbit/model/config.h"
 #include "lowbit/model/family.h"
 #include "lowbit/model/model.h"
+#include "lowbit/model/shard.h"
 
 namespace lowbit::model {
 
@@ -35,17 +36,46 @@ void use_device(Model& model, std::string_view device, std::span<const int> devi
 // --devices "0,1,...": GPU ids, distinct, 1 to 8 of them (Errc::usage naming the flag and the entry).
 std::vector<int> parse_devices(std::string_view list);
 
-// Tensor parallelism on the GPUs `devices` (shard.h): the sharded description of `desc` and the all-reduce of its
-// all_reduce ops through NCCL. libnccl is loaded at run time (dlopen: the file $LOWBIT_NCCL, else libnccl.so.2
-// from the library path: the CUDA toolkit's lib/ or PyTorch's nvidia/nccl/lib), so lowbit does not depend on it;
-// a missing one is Errc::unsupported saying so. One device: the 1-rank path (the same description and ops over
-// one NCCL rank on that GPU, which becomes the current device). Several: Errc::unsupported (a rank per GPU is not
-// built yet; the CPU simulation, shard.h, runs several ranks). Errc::usage in a build without CUDA.
+// Looks up a stored tensor by its Hugging Face name (nullptr when absent; the names are the description's,
+// hf_tensor_name). The model asks for the tensors of one layer at a time, in layer order, and prepares them before
+// asking for the next layer's: a source may free earlier layers' storage then. A description with Role::qkv or
+// Role::gate_up (a checkpoint that stores them fused) runs them as one matmul each; parts stored apart are
+// stacked into one where their codec allows it.
+using TensorLookup = TensorSource;
+
+// The all-reduce of a sharded description's all_reduce ops (shard.h): device memory data [n] summed over the ranks
+// in place, enqueued on `stream` (a cudaStream_t; inside a captured graph when graphs are on).
+using AllReduce = std::function<void(float* data, size_t n, void* stream)>;
+
+// Tensor parallelism on GPUs (shard.h's plan): a rank per GPU, each running the interpreter over its own slices
+// (rank_tensors) from a host thread of its own, the ranks meeting in their all-reduces. The description is
+// shard_desc's.
+struct CudaRank {
+  int device = 0;
+  RankTensors tensors;
+  AllReduce all_reduce;
+};
 struct TensorParallel {
   ModelDesc desc;
-  std::function<void(float* data, size_t n, void* stream)> all_reduce;
+  std::vector<CudaRank> ranks;
 };
-TensorParallel tensor_parallel(const ModelDesc& desc, std::span<const int> devices);
+
+// Tensor parallelism on the GPUs `devices` through NCCL: one communicator per GPU (ncclCommInitAll), rank r on
+// devices[r] holding rank_tensors(.., r, devices.size()) of the model `lookup` gives. libnccl is loaded at run
+// time (dlopen: the file $LOWBIT_NCCL, else libnccl.so.2 from the library path: the CUDA toolkit's lib/ or
+// PyTorch's nvidia/nccl/lib), so lowbit does not depend on it; a missing one is Errc::unsupported saying so. One
+// device: the 1-rank path (the same description and ops over one NCCL rank). Errc::usage in a build without CUDA;
+// a model whose heads or MLP do not split over the devices is Errc::usage naming `source`.
+TensorParallel tensor_parallel(const ModelConfig& config, const ModelDesc& desc, const TensorLookup& lookup,
+                               std::span<const int> devices, std::string_view source);
+
+class CudaModel;
+struct CudaModelOptions;
+// The model on the current GPU (devices empty), or tensor-parallel over `devices` (tensor_parallel, which names
+// `source` in its errors; each rank gets its own all-reduce, options.all_reduce is not used). Only with CUDA.
+std::unique_ptr<CudaModel> make_cuda_model(const ModelConfig& config, const ModelDesc& desc,
+                                           const TensorLookup& lookup, std::span<const int> devices,
+                                           const CudaModelOptions& options, std::string_view source);
 
 // True when this lowbit was built with the CUDA backend.
 bool cuda_built();
@@ -71,18 +101,10 @@ struct CudaModelOptions {
   int64_t capacity = 0;   // positions per KV slot (<= config.max_seq); 0: min(max_seq, 256)
   KvType kv_type = KvType::f32;
   bool use_graphs = true;  // replay a captured CUDA graph per batch size (false: launch every kernel each step)
-  // The all-reduce of a sharded description's all_reduce ops (shard.h): device memory data [n] summed over the
-  // ranks in place, enqueued on `stream` (a cudaStream_t; inside a captured graph when graphs are on). Empty: a
-  // description with all_reduce ops is refused.
-  std::function<void(float* data, size_t n, void* stream)> all_reduce = nullptr;
+  // The all-reduce of a sharded description's all_reduce ops; empty: a description with all_reduce ops is refused.
+  // (Tensor parallelism gives each rank its own: CudaRank::all_reduce.)
+  AllReduce all_reduce = nullptr;
 };
-
-// Looks up a stored tensor by its Hugging Face name (nullptr when absent; the names are the description's,
-// hf_tensor_name). The model asks for the tensors of one layer at a time, in layer order, and prepares them before
-// asking for the next layer's: a source may free earlier layers' storage then. A description with Role::qkv or
-// Role::gate_up (a checkpoint that stores them fused) runs them as one matmul each; parts stored apart are
-// stacked into one where their codec allows it.
-using TensorLookup = std::function<const codec::TensorRef*(const std::string& name)>;
 
 class CudaModel {
  public:
@@ -91,6 +113,9 @@ class CudaModel {
   CudaModel(const ModelConfig& config, ModelDesc desc, const TensorLookup& lookup, const CudaModelOptions& options);
   // The same with the description of config's family (describe_model).
   CudaModel(const ModelConfig& config, const TensorLookup& lookup, const CudaModelOptions& options);
+  // Tensor parallelism: the ranks of `tp` (config is the whole model's), each on its GPU, every call below run by
+  // all of them (a host thread each) and answered from rank 0; every rank computes the whole logits.
+  CudaModel(const ModelConfig& config, TensorParallel tp, const CudaModelOptions& options);
   ~CudaModel();
   CudaModel(const CudaModel&) = delete;
   CudaModel& operator=(const CudaModel&) = delete;
@@ -98,7 +123,7 @@ class CudaModel {
   const ModelConfig& config() const;
   const CudaModelOptions& options() const;
   // Bytes of weight data a one-row step reads through the matmuls (all layers and the LM head; of an MoE layer's
-  // experts the top_k a row runs, on average).
+  // experts the top_k a row runs, on average), over all ranks.
   uint64_t weight_bytes() const;
   // Grows the KV cache to `capacity` positions per slot (its contents are lost; graphs are captured anew).
   void reserve(int64_t capacity);

@@ -17,6 +17,7 @@
 // tensor. Heads split by KV group: n_kv_heads and the MLP width must divide by the number of ranks.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -53,6 +54,24 @@ ModelDesc shard_desc(const ModelDesc& d);
 // tensor, prepared for the CPU kernels, its config and description, and `comm` for its all-reduces.
 std::unique_ptr<Model> shard_model(const Model& full, int rank, int ranks, std::shared_ptr<Communicator> comm,
                                    std::string_view source);
+
+// A model's tensors by Hugging Face name (nullptr where absent), as a runtime that prepares its own kernels reads them.
+using TensorSource = std::function<const codec::TensorRef*(const std::string& name)>;
+
+// Rank `rank` of `ranks` of the model (config c, description d) whose tensors `full` gives, for such a runtime (the
+// CUDA ranks, cuda_model.h): its config (shard_config), the vocabulary rows of its embedding and head, its experts,
+// and a source of its tensors under the same names, cut by this header's plan (a first-rank vector is zeros on the
+// other ranks, the experts of other ranks are absent). The source slices on demand and keeps only the slices of the
+// layer it was last asked for, so a reader takes one layer's tensors before the next layer's (as CudaModel does).
+// One rank: `full` itself.
+struct RankTensors {
+  ModelConfig config;
+  codec::Range vocab;    // rows of the embedding and head
+  codec::Range experts;  // experts of every MoE layer
+  TensorSource tensors;
+};
+RankTensors rank_tensors(const ModelConfig& c, const ModelDesc& d, TensorSource full, int rank, int ranks,
+                         std::string_view source);
 
 // The CPU simulation of R devices in one process: R communicators whose all-reduce sums the ranks' buffers in rank
 // order (0, 1, ..., R-1: the same result on every rank, every run). Each rank must call every collective, from its

@@ -61,13 +61,13 @@ __device__ float block_sum(float v) {
   return total;
 }
 
-__global__ void embed_gather_kernel(const void* table, ElemType type, int64_t vocab, int64_t dim,
+__global__ void embed_gather_kernel(const void* table, ElemType type, int64_t first, int64_t rows, int64_t dim,
                                     const int32_t* tokens, float scale, float* x) {
   const int b = blockIdx.x;
-  const int32_t token = tokens[b];
-  const bool valid = token >= 0 && token < vocab;
+  const int64_t row = static_cast<int64_t>(tokens[b]) - first;
+  const bool valid = row >= 0 && row < rows;
   for (int64_t j = threadIdx.x; j < dim; j += blockDim.x)
-    x[b * dim + j] = valid ? load_elem(table, type, token * dim + j) * scale : 0.0f;
+    x[b * dim + j] = valid ? load_elem(table, type, row * dim + j) * scale : 0.0f;
 }
 
 __device__ __forceinline__ float4 add4(float4 a, float4 b) { return {a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w}; }
@@ -595,7 +595,7 @@ __global__ void __launch_bounds__(kMoeRouteThreads)
     count[k] = same;
     leader[i] = leads ? 1 : 0;
     r.pair_row[before] = b;
-    r.slot[b * top_k + in_row] = before;
+    r.slot[b * top_k + in_row] = e >= r.expert_begin && e < r.expert_end ? before : -1;
     r.weight[b * top_k + in_row] = pair_weight[i];
   }
   __syncthreads();
@@ -605,9 +605,10 @@ __global__ void __launch_bounds__(kMoeRouteThreads)
     const int e = pair_expert[i];
     int group = 0;
     for (int q = 0; q < pairs; ++q) group += leader[q] && pair_expert[q] < e;
-    r.group_expert[group] = e;
+    const bool held = e >= r.expert_begin && e < r.expert_end;
+    r.group_expert[group] = held ? e - r.expert_begin : 0;
     r.group_start[group] = rank[k];
-    r.group_count[group] = count[k];
+    r.group_count[group] = held ? count[k] : 0;
     atomicAdd(&groups, 1);
   }
   __syncthreads();
@@ -620,7 +621,7 @@ __global__ void moe_combine_kernel(const float* y, int64_t dim, const int32_t* s
   for (int64_t d = threadIdx.x; d < dim; d += blockDim.x) {
     float acc = 0.0f;
     for (int j = 0; j < top_k; ++j)
-      acc += weight[b * top_k + j] * y[static_cast<int64_t>(slot[b * top_k + j]) * dim + d];
+      if (const int s = slot[b * top_k + j]; s >= 0) acc += weight[b * top_k + j] * y[static_cast<int64_t>(s) * dim + d];
     out[static_cast<int64_t>(b) * dim + d] = acc;
   }
 }
@@ -730,10 +731,10 @@ int block_for(int64_t n) {
 
 }  // namespace
 
-void launch_embed_gather(const void* table, ElemType type, int64_t vocab, int64_t dim, const int32_t* tokens,
-                         float scale, int batch, float* x, CUstream_st* stream) {
-  embed_gather_kernel<<<batch, block_for(dim) > 256 ? 256 : block_for(dim), 0, stream>>>(table, type, vocab, dim,
-                                                                                         tokens, scale, x);
+void launch_embed_gather(const void* table, ElemType type, int64_t first, int64_t rows, int64_t dim,
+                         const int32_t* tokens, float scale, int batch, float* x, CUstream_st* stream) {
+  embed_gather_kernel<<<batch, block_for(dim) > 256 ? 256 : block_for(dim), 0, stream>>>(table, type, first, rows,
+                                                                                         dim, tokens, scale, x);
 }
 
 bool norm_supports(int64_t n) { return n > 0 && n % 4 == 0 && n <= 4 * 4 * 1024; }

@@ -43,15 +43,14 @@ std::vector<Speed> measure_cuda(const ModelConfig& config, const ModelDesc& desc
                                 const SpeedOptions& o) {
   if (o.batches.empty() || o.prompt < 1 || o.steps < 1) fail(Errc::usage, "[bench] empty batch list or no steps");
   const int max_batch = *std::max_element(o.batches.begin(), o.batches.end());
-  TensorParallel tp = o.devices.empty() ? TensorParallel{desc, {}} : tensor_parallel(desc, o.devices);
-  CudaModelOptions options{.max_batch = max_batch,
-                           .slots = max_batch,
-                           .capacity = std::max(o.prompt, o.steps + 4),
-                           .kv_type = o.kv_type,
-                           .use_graphs = o.use_graphs,
-                           .all_reduce = std::move(tp.all_reduce)};
+  const CudaModelOptions options{.max_batch = max_batch,
+                                 .slots = max_batch,
+                                 .capacity = std::max(o.prompt, o.steps + 4),
+                                 .kv_type = o.kv_type,
+                                 .use_graphs = o.use_graphs};
   const auto t_load = Clock::now();
-  CudaModel gpu(config, std::move(tp.desc), lookup, options);
+  const std::unique_ptr<CudaModel> model = make_cuda_model(config, desc, lookup, o.devices, options, "[bench]");
+  CudaModel& gpu = *model;
   const double load = seconds_since(t_load);
   std::mt19937_64 rng(o.seed);
   std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(config.vocab - 1));

@@ -12,20 +12,16 @@ namespace {
 
 class CudaForward final : public DeviceForward {
  public:
-  // devices not empty: through tensor_parallel (its sharded description and NCCL all-reduce).
+  // devices not empty: tensor-parallel over them (tensor_parallel).
   CudaForward(const Model& model, std::span<const int> devices)
-      : CudaForward(model, devices.empty() ? TensorParallel{model.desc, {}} : tensor_parallel(model.desc, devices)) {}
-
-  CudaForward(const Model& model, TensorParallel tp)
-      : gpu_(model.config, std::move(tp.desc),
-             [&model](const std::string& name) {
-               const NamedTensor* t = model.find(name);
-               return t ? &t->ref : nullptr;
-             },
-             {.max_batch = 1,
-              .slots = 1,
-              .capacity = std::min<int64_t>(model.config.max_seq, 256),
-              .all_reduce = std::move(tp.all_reduce)}) {}
+      : gpu_(make_cuda_model(
+            model.config, model.desc,
+            [&model](const std::string& name) {
+              const NamedTensor* t = model.find(name);
+              return t ? &t->ref : nullptr;
+            },
+            devices,
+            {.max_batch = 1, .slots = 1, .capacity = std::min<int64_t>(model.config.max_seq, 256)}, "[--devices]")) {}
 
   void forward(KvCache& cache, std::span<const int32_t> tokens, int64_t pos, float* logits,
                bool all_logits) override {
@@ -35,18 +31,18 @@ class CudaForward final : public DeviceForward {
     if (&cache != cache_ && pos != 0)
       fail(Errc::unsupported, "[forward] cuda: a new sequence must start at position 0 (one sequence at a time)");
     cache_ = &cache;
-    if (cache.capacity() > gpu_.options().capacity) gpu_.reserve(cache.capacity());
+    if (cache.capacity() > gpu_->options().capacity) gpu_->reserve(cache.capacity());
     if (m > 1) {
-      gpu_.prefill(tokens, pos, 0, all_logits ? CudaModel::Logits::all : CudaModel::Logits::last, logits);
+      gpu_->prefill(tokens, pos, 0, all_logits ? CudaModel::Logits::all : CudaModel::Logits::last, logits);
       return;
     }
     const std::vector<int32_t> position{static_cast<int32_t>(pos)}, slot{0};
-    gpu_.step(tokens, position, slot);
-    gpu_.download_logits(0, 1, logits);
+    gpu_->step(tokens, position, slot);
+    gpu_->download_logits(0, 1, logits);
   }
 
  private:
-  CudaModel gpu_;
+  std::unique_ptr<CudaModel> gpu_;
   const KvCache* cache_ = nullptr;
 };
 

@@ -7,8 +7,10 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <exception>
 #include <numeric>
 #include <optional>
+#include <thread>
 #include <vector>
 
 #include "lowbit/kernels/cuda_model_ops.h"
@@ -18,6 +20,7 @@
 #include "lowbit/kernels/cuda.h"
 #include "lowbit/model/cuda_model.h"
 #include "lowbit/model/family.h"
+#include "lowbit/model/shard.h"
 #include "cuda/stack_rows.h"
 
 namespace lowbit::model {
@@ -204,10 +207,11 @@ std::unique_ptr<kc::CudaLinear> stacked(std::span<const codec::TensorRef* const>
   return s ? prepare(s->ref, joined) : nullptr;
 }
 
-// Every expert of an MoE layer, gate and up stacked per expert (stack_rows), grouped for the kernels that take the
-// expert ids from device memory. A codec whose experts cannot stack or have no grouped kernel is refused naming it.
+// The experts `held` of an MoE layer (all of them, or a tensor-parallel rank's), gate and up stacked per expert
+// (stack_rows), grouped for the kernels that take the expert ids from device memory. A codec whose experts cannot
+// stack or have no grouped kernel is refused naming it.
 template <class Ref>
-void load_experts(Layer& w, const Ref& ref, const LayerDesc& d, int64_t l) {
+void load_experts(Layer& w, const Ref& ref, const LayerDesc& d, int64_t l, codec::Range held) {
   const auto n = static_cast<size_t>(d.moe.n_experts);
   std::vector<const TensorSpec*> gate(n), up(n), down(n);
   for (const TensorSpec& t : d.tensors) {
@@ -217,7 +221,7 @@ void load_experts(Layer& w, const Ref& ref, const LayerDesc& d, int64_t l) {
   }
   std::vector<std::unique_ptr<kc::CudaLinear>> gate_up, downs;
   std::string codec_id;
-  for (size_t e = 0; e < n; ++e) {
+  for (auto e = static_cast<size_t>(held.begin); e < static_cast<size_t>(held.end); ++e) {
     if (!gate[e] || !up[e] || !down[e])
       fail(Errc::unsupported, "[cuda_model] layer {}: expert {} lacks its gate, up or down tensor", l, e);
     const codec::TensorRef* parts[] = {&ref(*gate[e]), &ref(*up[e])};
@@ -241,7 +245,8 @@ void load_experts(Layer& w, const Ref& ref, const LayerDesc& d, int64_t l) {
   }
 }
 
-Layer load_layer(const TensorLookup& lookup, const ModelConfig& c, const LayerDesc& d, int64_t l) {
+Layer load_layer(const TensorLookup& lookup, const ModelConfig& c, const LayerDesc& d, int64_t l,
+                 codec::Range experts) {
   Layer w;
   w.desc = &d;
   const auto ref = [&](const TensorSpec& t) -> const codec::TensorRef& {
@@ -262,7 +267,8 @@ Layer load_layer(const TensorLookup& lookup, const ModelConfig& c, const LayerDe
   };
   fuse(Role::qkv, {Role::q, Role::k, Role::v});
   if (d.activation != Activation::gelu_erf) fuse(Role::gate_up, {Role::gate, Role::up});
-  if (d.has(Role::router)) load_experts(w, ref, d, l);
+  if (d.has(Role::router)) load_experts(w, ref, d, l, {std::min(experts.begin, d.moe.n_experts),
+                                                        std::min(experts.end, d.moe.n_experts)});
   for (const TensorSpec& t : d.tensors) {
     if (t.expert >= 0) continue;  // load_experts
     const bool in_stack = ((t.role == Role::q || t.role == Role::k || t.role == Role::v) && w.linear(Role::qkv)) ||
@@ -277,7 +283,8 @@ Layer load_layer(const TensorLookup& lookup, const ModelConfig& c, const LayerDe
   return w;
 }
 
-// Bytes a one-row step reads: every linear, and of an MoE layer's experts the top_k a row runs (on average).
+// Bytes a one-row step reads: every linear, and of an MoE layer's experts the top_k a row runs (on average; a
+// tensor-parallel rank's share of them).
 uint64_t layer_bytes(const Layer& w) {
   uint64_t bytes = 0;
   for (const auto& p : w.linears)
@@ -294,12 +301,14 @@ const T* as(const kc::DeviceBuffer& b) {
   return b.size() ? b.as<const T>() : nullptr;
 }
 
-}  // namespace
-
-struct CudaModel::Impl {
-  ModelConfig c;
+// One rank's runtime: the whole model, or a tensor-parallel rank's slices (shard.h) on its GPU.
+struct Rank {
+  using Logits = CudaModel::Logits;
+  ModelConfig c;  // the rank's (its heads and MLP columns; the whole vocabulary)
   ModelDesc desc;
   CudaModelOptions o;
+  codec::Range vocab;    // the embedding's and head's rows it holds
+  codec::Range experts;  // the experts of its MoE layers
   std::vector<Layer> layers;  // each points at its description in desc.layers
   Table embed;
   std::unique_ptr<kc::CudaLinear> lm_head;
@@ -310,6 +319,7 @@ struct CudaModel::Impl {
   // slots, argmax.
   int64_t row_capacity = 0;
   kc::DeviceBuffer x, xb, qkv, att, proj, gu, hb, logits, tokens, pos, slot, next;
+  kc::DeviceBuffer head_out;  // [R, its vocabulary rows], where it holds a share of them
   // MoE layers, for up to kMaxBatch rows at a time (prefill passes run them in chunks of that many): router logits
   // [rows, n_experts]; per (row, expert) pair the experts' gate/up [pairs, 2 expert_hidden], activation [pairs,
   // expert_hidden] and output [pairs, dim]; the route (cuda_model_ops.h).
@@ -329,10 +339,13 @@ struct CudaModel::Impl {
   unsigned skipped = 0;  // StepPart bits left out (timing only)
   bool on(StepPart part) const { return !(skipped & part); }
 
-  ~Impl() {
+  ~Rank() {
     drop_graphs();
     if (stream) cudaStreamDestroy(stream);
   }
+
+  int64_t vocab_rows() const { return vocab.end - vocab.begin; }
+  bool vocab_split() const { return vocab_rows() != c.vocab; }
 
   float* f(const kc::DeviceBuffer& b) const { return b.as<float>(); }
   int32_t* i(const kc::DeviceBuffer& b) const { return b.as<int32_t>(); }
@@ -359,6 +372,7 @@ struct CudaModel::Impl {
     gu = rows(2 * c.hidden_dim);
     hb = rows(c.hidden_dim);
     logits = rows(c.vocab);
+    if (vocab_split()) head_out = rows(vocab_rows());
     const auto per_row = [&](int64_t n, size_t elem) {
       return kc::DeviceBuffer(checked_mul(static_cast<uint64_t>(o.max_batch) * elem, static_cast<uint64_t>(n),
                                           "[cuda_model] activations"));
@@ -403,7 +417,8 @@ struct CudaModel::Impl {
 
   kc::MoeRoute route() const {
     return {i(route_pair_row),     i(route_slot),        f(route_weight),
-            i(route_group_expert), i(route_group_start), i(route_group_count)};
+            i(route_group_expert), i(route_group_start), i(route_group_count),
+            static_cast<int>(experts.begin), static_cast<int>(experts.end)};
   }
 
   // out = moe(in) for `rows` rows, in chunks of up to kMaxBatch rows (a prefill pass runs its rows through the decode
@@ -573,9 +588,11 @@ struct CudaModel::Impl {
   // A decode step (no `pass`) runs the LM head on every row.
   void enqueue(int64_t rows, const Pass* pass) {
     const int n = static_cast<int>(rows);
-    if (on(kPartNorm))
-      kc::launch_embed_gather(embed.data.data(), embed.type, c.vocab, c.dim, i(tokens), desc.embed_scale, n, f(x),
-                              stream);
+    if (on(kPartNorm)) {
+      kc::launch_embed_gather(embed.data.data(), embed.type, vocab.begin, vocab_rows(), c.dim, i(tokens),
+                              desc.embed_scale, n, f(x), stream);
+      if (vocab_split()) o.all_reduce(f(x), static_cast<size_t>(n) * static_cast<size_t>(c.dim), stream);
+    }
     float* h = nullptr;
     bool add_pending = false;  // x += h, not launched yet
     const auto flush_add = [&] {
@@ -638,10 +655,24 @@ struct CudaModel::Impl {
     }
     norm_x(desc.final_norm, f(final_norm), as<float>(final_norm_bias));
     const Logits head = pass ? pass->head : Logits::all;
-    if (head == Logits::all) project(*lm_head, f(xb), rows, f(logits), pass);
-    if (head == Logits::last) lm_head->matmul(f(xb) + (rows - 1) * c.dim, 1, f(logits), stream);
-    if (head != Logits::none && desc.final_softcap > 0.0f)
-      kc::launch_softcap(f(logits), (head == Logits::all ? rows : 1) * c.vocab, desc.final_softcap, stream);
+    if (head != Logits::none) {
+      const int64_t out_rows = head == Logits::all ? rows : 1;
+      const float* in = f(xb) + (head == Logits::all ? 0 : (rows - 1) * c.dim);
+      if (!vocab_split()) {
+        project(*lm_head, in, out_rows, f(logits), head == Logits::all ? pass : nullptr);
+      } else {
+        // The rank's vocabulary columns of zeroed rows, then their sum over the ranks: the whole logits.
+        project(*lm_head, in, out_rows, f(head_out), head == Logits::all ? pass : nullptr);
+        const size_t row_bytes = static_cast<size_t>(c.vocab) * sizeof(float);
+        const size_t part_bytes = static_cast<size_t>(vocab_rows()) * sizeof(float);
+        check(cudaMemsetAsync(logits.data(), 0, static_cast<size_t>(out_rows) * row_bytes, stream), "zero logits");
+        check(cudaMemcpy2DAsync(f(logits) + vocab.begin, row_bytes, head_out.data(), part_bytes, part_bytes,
+                                static_cast<size_t>(out_rows), cudaMemcpyDeviceToDevice, stream),
+              "place logits");
+        o.all_reduce(f(logits), static_cast<size_t>(out_rows) * static_cast<size_t>(c.vocab), stream);
+      }
+      if (desc.final_softcap > 0.0f) kc::launch_softcap(f(logits), out_rows * c.vocab, desc.final_softcap, stream);
+    }
     kc::check_last_error("cuda_model step");
   }
 
@@ -691,6 +722,167 @@ struct CudaModel::Impl {
     distinct_slots = std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end();
     last_batch = static_cast<int>(n);
   }
+
+  // Uploads every weight (the constructor's work; on the rank's GPU).
+  void load(const ModelConfig& config, ModelDesc d, const TensorLookup& lookup, const CudaModelOptions& options,
+            codec::Range vocab_held, codec::Range experts_held) {
+    c = config;
+    desc = std::move(d);
+    o = options;
+    vocab = vocab_held;
+    experts = experts_held;
+    if (o.slots == 0) o.slots = options.max_batch;
+    if (options.max_batch < 1 || options.max_batch > kc::kMaxBatch)
+      fail(Errc::usage, "[cuda_model] batch {} outside [1, {}]", options.max_batch, kc::kMaxBatch);
+    if (o.slots < 1) fail(Errc::usage, "[cuda_model] {} KV slots", o.slots);
+    if (options.prefill_rows < 1) fail(Errc::usage, "[cuda_model] {} prefill rows", options.prefill_rows);
+    o.prefill_rows = std::min(options.prefill_rows, c.max_seq);
+    row_capacity = std::max<int64_t>(o.max_batch, o.prefill_rows);
+    if (c.head_dim > 256 || c.head_dim % 2 != 0)
+      fail(Errc::unsupported, "[cuda_model] head_dim {} (the GPU attention takes even head_dim <= 256)", c.head_dim);
+    if (!kc::norm_supports(c.dim))
+      fail(Errc::unsupported, "[cuda_model] dim {} (the GPU norms take multiples of 4 up to 16384)", c.dim);
+    if (std::ssize(desc.layers) != c.n_layers)
+      fail(Errc::internal, "[cuda_model] {} layer descriptions for {} layers", desc.layers.size(), c.n_layers);
+    if (vocab_split() && !o.all_reduce)
+      fail(Errc::internal, "[cuda_model] vocabulary rows {}..{} of {} without an all-reduce", vocab.begin, vocab.end,
+           c.vocab);
+    bool h_written = false;
+    for (int64_t l = 0; l < c.n_layers; ++l)
+      check_layer(desc.layers[static_cast<size_t>(l)], desc, c, l, bool(o.all_reduce), h_written);
+    std::string why;
+    if (!kc::device_available(&why)) fail(Errc::unsupported, "[cuda_model] no usable CUDA device: {}", why);
+    check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
+    const std::string embed_name(kEmbedTensor), head_name(c.tied_embeddings ? kEmbedTensor : kLmHeadTensor);
+    embed = upload_embedding(require(lookup, embed_name, {vocab_rows(), c.dim}), vocab_rows(), c.dim);
+    lm_head = prepare(require(lookup, head_name, {vocab_rows(), c.dim}), head_name);
+    final_norm = upload_floats(codec::decode_all(require(lookup, std::string(kFinalNormTensor), {c.dim})));
+    const std::string final_bias_name(kFinalNormBiasTensor);
+    if (desc.final_norm == NormKind::layer && lookup(final_bias_name))
+      final_norm_bias = upload_floats(codec::decode_all(require(lookup, final_bias_name, {c.dim})));
+    for (int64_t l = 0; l < c.n_layers; ++l)
+      layers.push_back(load_layer(lookup, c, desc.layers[static_cast<size_t>(l)], l, experts));
+    for (const std::vector<float>& table : desc.rope_inv_freq) rope_tables.push_back(upload_floats(table));
+    bytes = lm_head->weight_bytes();
+    for (const Layer& w : layers) bytes += layer_bytes(w);
+    allocate_activations();
+    const int64_t capacity = options.capacity > 0 ? options.capacity : std::min<int64_t>(c.max_seq, 256);
+    o.capacity = 0;
+    reserve(capacity);
+    kc::synchronize("cuda_model load");
+  }
+
+  void synchronize() const {
+    check(cudaStreamSynchronize(stream), "synchronize");
+    kc::check_last_error("cuda_model");
+  }
+
+  // CudaModel::prefill on this rank; `out` (host) may be null: the logits are computed but not copied back.
+  void prefill(std::span<const int32_t> ids, int64_t first, int32_t slot_id, Logits which, float* out) {
+    const auto n = static_cast<int64_t>(ids.size());
+    if (n < 1 || first < 0 || first + n > o.capacity)
+      fail(Errc::limit, "[cuda_model] prefill of positions {}..{} exceeds the context of {}", first, first + n,
+           o.capacity);
+    if (slot_id < 0 || slot_id >= o.slots)
+      fail(Errc::internal, "[cuda_model] slot {} outside [0, {})", slot_id, o.slots);
+    for (const int32_t t : ids)
+      if (t < 0 || t >= c.vocab) fail(Errc::limit, "[cuda_model] token {} outside [0, {})", t, c.vocab);
+    const size_t row_bytes = static_cast<size_t>(c.vocab) * sizeof(float);
+    std::vector<int32_t> positions, slots;
+    for (int64_t off = 0; off < n; off += o.prefill_rows) {
+      const int64_t rows = std::min(o.prefill_rows, n - off);
+      positions.resize(static_cast<size_t>(rows));
+      std::iota(positions.begin(), positions.end(), static_cast<int32_t>(first + off));
+      slots.assign(static_cast<size_t>(rows), slot_id);
+      const size_t bytes_in = static_cast<size_t>(rows) * sizeof(int32_t);
+      check(cudaMemcpyAsync(tokens.data(), ids.data() + off, bytes_in, cudaMemcpyHostToDevice, stream),
+            "upload tokens");
+      check(cudaMemcpyAsync(pos.data(), positions.data(), bytes_in, cudaMemcpyHostToDevice, stream),
+            "upload positions");
+      check(cudaMemcpyAsync(slot.data(), slots.data(), bytes_in, cudaMemcpyHostToDevice, stream), "upload slots");
+      const bool final_pass = off + rows == n;
+      const Pass pass{.first_pos = first + off,
+                      .slot = slot_id,
+                      .head = which == Logits::all ? Logits::all
+                              : final_pass         ? which
+                                                   : Logits::none};
+      enqueue(rows, &pass);
+      if (pass.head == Logits::none || !out) continue;
+      const int64_t copied = pass.head == Logits::all ? rows : 1;
+      check(cudaMemcpyAsync(out + (pass.head == Logits::all ? off : 0) * c.vocab, logits.data(),
+                            static_cast<size_t>(copied) * row_bytes, cudaMemcpyDeviceToHost, stream),
+            "download logits");
+      synchronize();
+    }
+    if (!out) synchronize();
+    // The device rows now hold the prefill's inputs: decoding starts from step() or set_rows().
+    last_batch = 0;
+    host_pos.clear();
+    host_slot.clear();
+  }
+
+  void decode_greedy(int batch, int64_t steps) {
+    if (batch < 1 || batch > last_batch)
+      fail(Errc::internal, "[cuda_model] decode of {} rows after inputs for {}", batch, last_batch);
+    const int64_t last = *std::max_element(host_pos.begin(), host_pos.begin() + batch);
+    if (steps < 0 || last + steps > o.capacity)
+      fail(Errc::limit, "[cuda_model] {} steps from position {} exceed the context of {}", steps, last, o.capacity);
+    for (int64_t s = 0; s < steps; ++s) {
+      run_step(batch);
+      kc::launch_argmax(f(logits), c.vocab, batch, argmax_scratch(), i(next), i(tokens), i(pos), stream);
+    }
+    kc::check_last_error("cuda_model decode_greedy");
+    for (int b = 0; b < batch; ++b) host_pos[b] += static_cast<int32_t>(steps);
+  }
+
+  void set_skipped_parts(unsigned parts) {
+    if (skipped == parts) return;
+    synchronize();
+    drop_graphs();
+    skipped = parts;
+  }
+};
+
+}  // namespace
+
+// The ranks, each driven from a host thread of its own on its GPU (one rank: the caller's thread and device).
+struct CudaModel::Impl {
+  ModelConfig config;  // the whole model's
+  std::vector<std::unique_ptr<Rank>> ranks;
+  std::vector<int> devices;  // the GPU of each rank; empty: one rank on the current device
+
+  Rank& lead() const { return *ranks.front(); }
+
+  // fn(rank r, r) on every rank: on the caller's thread for one rank, else on a thread per rank; the rank's GPU
+  // current. The first error is rethrown after every thread has ended.
+  template <class Fn>
+  void each(Fn&& fn) const {
+    if (ranks.size() == 1) {
+      if (!devices.empty()) check(cudaSetDevice(devices.front()), "set device");
+      return fn(*ranks.front(), 0);
+    }
+    std::vector<std::exception_ptr> errors(devices.size());
+    std::vector<std::thread> threads;
+    for (size_t r = 0; r < devices.size(); ++r)
+      threads.emplace_back([&, r] {
+        try {
+          check(cudaSetDevice(devices[r]), "set device");
+          fn(*ranks[r], static_cast<int>(r));
+        } catch (...) {
+          errors[r] = std::current_exception();
+        }
+      });
+    for (std::thread& t : threads) t.join();
+    for (const std::exception_ptr& e : errors)
+      if (e) std::rethrow_exception(e);
+  }
+
+  // fn(lead rank) on the caller's thread, its GPU made current.
+  template <class Fn>
+  auto on_lead(Fn&& fn) const {
+    if (!devices.empty()) check(cudaSetDevice(devices.front()), "set device");
+    return fn(lead());
+  }
 };
 
 CudaModel::CudaModel(const ModelConfig& config, const TensorLookup& lookup, const CudaModelOptions& options)
@@ -699,161 +891,112 @@ CudaModel::CudaModel(const ModelConfig& config, const TensorLookup& lookup, cons
 CudaModel::CudaModel(const ModelConfig& config, ModelDesc desc, const TensorLookup& lookup,
                      const CudaModelOptions& options)
     : impl_(std::make_unique<Impl>()) {
-  Impl& m = *impl_;
-  m.c = config;
-  m.desc = std::move(desc);
-  m.o = options;
-  if (m.o.slots == 0) m.o.slots = options.max_batch;
-  const ModelConfig& c = config;
-  if (options.max_batch < 1 || options.max_batch > kc::kMaxBatch)
-    fail(Errc::usage, "[cuda_model] batch {} outside [1, {}]", options.max_batch, kc::kMaxBatch);
-  if (m.o.slots < 1) fail(Errc::usage, "[cuda_model] {} KV slots", m.o.slots);
-  if (options.prefill_rows < 1) fail(Errc::usage, "[cuda_model] {} prefill rows", options.prefill_rows);
-  m.o.prefill_rows = std::min(options.prefill_rows, c.max_seq);
-  m.row_capacity = std::max<int64_t>(m.o.max_batch, m.o.prefill_rows);
-  if (c.head_dim > 256 || c.head_dim % 2 != 0)
-    fail(Errc::unsupported, "[cuda_model] head_dim {} (the GPU attention takes even head_dim <= 256)", c.head_dim);
-  if (!kc::norm_supports(c.dim))
-    fail(Errc::unsupported, "[cuda_model] dim {} (the GPU norms take multiples of 4 up to 16384)", c.dim);
-  if (std::ssize(m.desc.layers) != c.n_layers)
-    fail(Errc::internal, "[cuda_model] {} layer descriptions for {} layers", m.desc.layers.size(), c.n_layers);
-  bool h_written = false;
-  for (int64_t l = 0; l < c.n_layers; ++l)
-    check_layer(m.desc.layers[static_cast<size_t>(l)], m.desc, c, l, bool(options.all_reduce), h_written);
-  std::string why;
-  if (!kc::device_available(&why)) fail(Errc::unsupported, "[cuda_model] no usable CUDA device: {}", why);
-  check(cudaStreamCreateWithFlags(&m.stream, cudaStreamNonBlocking), "stream");
-  const std::string embed_name(kEmbedTensor), head_name(c.tied_embeddings ? kEmbedTensor : kLmHeadTensor);
-  m.embed = upload_embedding(require(lookup, embed_name, {c.vocab, c.dim}), c.vocab, c.dim);
-  m.lm_head = prepare(require(lookup, head_name, {c.vocab, c.dim}), head_name);
-  m.final_norm = upload_floats(codec::decode_all(require(lookup, std::string(kFinalNormTensor), {c.dim})));
-  const std::string final_bias_name(kFinalNormBiasTensor);
-  if (m.desc.final_norm == NormKind::layer && lookup(final_bias_name))
-    m.final_norm_bias = upload_floats(codec::decode_all(require(lookup, final_bias_name, {c.dim})));
-  for (int64_t l = 0; l < c.n_layers; ++l)
-    m.layers.push_back(load_layer(lookup, c, m.desc.layers[static_cast<size_t>(l)], l));
-  for (const std::vector<float>& table : m.desc.rope_inv_freq) m.rope_tables.push_back(upload_floats(table));
-  m.bytes = m.lm_head->weight_bytes();
-  for (const Layer& w : m.layers) m.bytes += layer_bytes(w);
-  m.allocate_activations();
-  const int64_t capacity = options.capacity > 0 ? options.capacity : std::min<int64_t>(c.max_seq, 256);
-  m.o.capacity = 0;
-  m.reserve(capacity);
-  kc::synchronize("cuda_model load");
+  impl_->config = config;
+  impl_->ranks.push_back(std::make_unique<Rank>());
+  impl_->lead().load(config, std::move(desc), lookup, options, {0, config.vocab}, {0, config.n_experts});
 }
 
-CudaModel::~CudaModel() = default;
+CudaModel::CudaModel(const ModelConfig& config, TensorParallel tp, const CudaModelOptions& options)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& m = *impl_;
+  if (tp.ranks.empty()) fail(Errc::internal, "[cuda_model] tensor parallelism over no ranks");
+  m.config = config;
+  for (const CudaRank& r : tp.ranks) {
+    m.devices.push_back(r.device);
+    m.ranks.push_back(std::make_unique<Rank>());
+  }
+  m.each([&](Rank& rank, int r) {
+    CudaRank& mine = tp.ranks[static_cast<size_t>(r)];
+    CudaModelOptions own = options;
+    own.all_reduce = std::move(mine.all_reduce);
+    rank.load(mine.tensors.config, tp.desc, mine.tensors.tensors, own, mine.tensors.vocab, mine.tensors.experts);
+  });
+}
 
-const ModelConfig& CudaModel::config() const { return impl_->c; }
-const CudaModelOptions& CudaModel::options() const { return impl_->o; }
-uint64_t CudaModel::weight_bytes() const { return impl_->bytes; }
-void CudaModel::reserve(int64_t capacity) { impl_->reserve(capacity); }
+std::unique_ptr<CudaModel> make_cuda_model(const ModelConfig& config, const ModelDesc& desc,
+                                           const TensorLookup& lookup, std::span<const int> devices,
+                                           const CudaModelOptions& options, std::string_view source) {
+  if (devices.empty()) return std::make_unique<CudaModel>(config, desc, lookup, options);
+  return std::make_unique<CudaModel>(config, tensor_parallel(config, desc, lookup, devices, source), options);
+}
+
+CudaModel::~CudaModel() {
+  // A rank's graphs, stream and buffers go with its GPU current.
+  for (size_t r = 0; r < impl_->devices.size(); ++r) {
+    cudaSetDevice(impl_->devices[r]);
+    impl_->ranks[r].reset();
+  }
+}
+
+const ModelConfig& CudaModel::config() const { return impl_->config; }
+const CudaModelOptions& CudaModel::options() const { return impl_->lead().o; }
+
+uint64_t CudaModel::weight_bytes() const {
+  uint64_t bytes = 0;
+  for (const auto& r : impl_->ranks) bytes += r->bytes;
+  return bytes;
+}
+
+void CudaModel::reserve(int64_t capacity) {
+  impl_->each([&](Rank& r, int) { r.reserve(capacity); });
+}
 
 void CudaModel::set_rows(std::span<const int32_t> tokens, std::span<const int32_t> pos,
                          std::span<const int32_t> slot) {
-  impl_->set_rows(tokens, pos, slot);
+  impl_->each([&](Rank& r, int) { r.set_rows(tokens, pos, slot); });
 }
 
 void CudaModel::step(std::span<const int32_t> tokens, std::span<const int32_t> pos, std::span<const int32_t> slot) {
-  impl_->set_rows(tokens, pos, slot);
-  impl_->run_step(impl_->last_batch);
+  impl_->each([&](Rank& r, int) {
+    r.set_rows(tokens, pos, slot);
+    r.run_step(r.last_batch);
+  });
 }
 
 void CudaModel::prefill(std::span<const int32_t> tokens, int64_t pos, int32_t slot, Logits which, float* logits) {
-  Impl& m = *impl_;
-  const auto n = static_cast<int64_t>(tokens.size());
-  if (n < 1 || pos < 0 || pos + n > m.o.capacity)
-    fail(Errc::limit, "[cuda_model] prefill of positions {}..{} exceeds the context of {}", pos, pos + n,
-         m.o.capacity);
-  if (slot < 0 || slot >= m.o.slots) fail(Errc::internal, "[cuda_model] slot {} outside [0, {})", slot, m.o.slots);
-  for (const int32_t t : tokens)
-    if (t < 0 || t >= m.c.vocab) fail(Errc::limit, "[cuda_model] token {} outside [0, {})", t, m.c.vocab);
-  const size_t row_bytes = static_cast<size_t>(m.c.vocab) * sizeof(float);
-  std::vector<int32_t> positions, slots;
-  for (int64_t off = 0; off < n; off += m.o.prefill_rows) {
-    const int64_t rows = std::min(m.o.prefill_rows, n - off);
-    positions.resize(static_cast<size_t>(rows));
-    std::iota(positions.begin(), positions.end(), static_cast<int32_t>(pos + off));
-    slots.assign(static_cast<size_t>(rows), slot);
-    const size_t bytes = static_cast<size_t>(rows) * sizeof(int32_t);
-    check(cudaMemcpyAsync(m.tokens.data(), tokens.data() + off, bytes, cudaMemcpyHostToDevice, m.stream),
-          "upload tokens");
-    check(cudaMemcpyAsync(m.pos.data(), positions.data(), bytes, cudaMemcpyHostToDevice, m.stream),
-          "upload positions");
-    check(cudaMemcpyAsync(m.slot.data(), slots.data(), bytes, cudaMemcpyHostToDevice, m.stream), "upload slots");
-    const bool final_pass = off + rows == n;
-    const Impl::Pass pass{.first_pos = pos + off,
-                          .slot = slot,
-                          .head = which == Logits::all ? Logits::all
-                                  : final_pass         ? which
-                                                       : Logits::none};
-    m.enqueue(rows, &pass);
-    if (pass.head == Logits::none) continue;
-    const int64_t copied = pass.head == Logits::all ? rows : 1;
-    check(cudaMemcpyAsync(logits + (pass.head == Logits::all ? off : 0) * m.c.vocab, m.logits.data(),
-                          static_cast<size_t>(copied) * row_bytes, cudaMemcpyDeviceToHost, m.stream),
-          "download logits");
-    synchronize();
-  }
-  // The device rows now hold the prefill's inputs: decoding starts from step() or set_rows().
-  m.last_batch = 0;
-  m.host_pos.clear();
-  m.host_slot.clear();
+  impl_->each([&](Rank& r, int rank) { r.prefill(tokens, pos, slot, which, rank == 0 ? logits : nullptr); });
 }
 
 void CudaModel::decode_greedy(int batch, int64_t steps) {
-  Impl& m = *impl_;
-  if (batch < 1 || batch > m.last_batch)
-    fail(Errc::internal, "[cuda_model] decode of {} rows after inputs for {}", batch, m.last_batch);
-  const int64_t last = *std::max_element(m.host_pos.begin(), m.host_pos.begin() + batch);
-  if (steps < 0 || last + steps > m.o.capacity)
-    fail(Errc::limit, "[cuda_model] {} steps from position {} exceed the context of {}", steps, last, m.o.capacity);
-  for (int64_t s = 0; s < steps; ++s) {
-    m.run_step(batch);
-    kc::launch_argmax(m.f(m.logits), m.c.vocab, batch, m.argmax_scratch(), m.i(m.next), m.i(m.tokens), m.i(m.pos),
-                      m.stream);
-  }
-  kc::check_last_error("cuda_model decode_greedy");
-  for (int b = 0; b < batch; ++b) m.host_pos[b] += static_cast<int32_t>(steps);
+  impl_->each([&](Rank& r, int) { r.decode_greedy(batch, steps); });
 }
 
 void CudaModel::download_logits(int row_begin, int row_end, float* out) const {
-  const Impl& m = *impl_;
-  if (row_begin < 0 || row_begin > row_end || row_end > m.row_capacity)
-    fail(Errc::internal, "[cuda_model] logits rows {}..{} of {}", row_begin, row_end, m.row_capacity);
-  const size_t row_bytes = static_cast<size_t>(m.c.vocab) * sizeof(float);
-  check(cudaMemcpyAsync(out, m.logits.as<std::byte>() + row_begin * row_bytes, (row_end - row_begin) * row_bytes,
-                        cudaMemcpyDeviceToHost, m.stream),
-        "download logits");
-  synchronize();
+  impl_->on_lead([&](const Rank& m) {
+    if (row_begin < 0 || row_begin > row_end || row_end > m.row_capacity)
+      fail(Errc::internal, "[cuda_model] logits rows {}..{} of {}", row_begin, row_end, m.row_capacity);
+    const size_t row_bytes = static_cast<size_t>(m.c.vocab) * sizeof(float);
+    check(cudaMemcpyAsync(out, m.logits.as<std::byte>() + row_begin * row_bytes, (row_end - row_begin) * row_bytes,
+                          cudaMemcpyDeviceToHost, m.stream),
+          "download logits");
+    m.synchronize();
+  });
 }
 
 void CudaModel::argmax(int batch, std::span<int32_t> out) const {
-  const Impl& m = *impl_;
-  kc::launch_argmax(m.f(m.logits), m.c.vocab, batch, m.argmax_scratch(), m.i(m.next), nullptr, nullptr, m.stream);
-  kc::check_last_error("cuda_model argmax");
-  check(cudaMemcpyAsync(out.data(), m.next.data(), batch * sizeof(int32_t), cudaMemcpyDeviceToHost, m.stream),
-        "download argmax");
-  synchronize();
+  impl_->on_lead([&](const Rank& m) {
+    kc::launch_argmax(m.f(m.logits), m.c.vocab, batch, m.argmax_scratch(), m.i(m.next), nullptr, nullptr, m.stream);
+    kc::check_last_error("cuda_model argmax");
+    check(cudaMemcpyAsync(out.data(), m.next.data(), batch * sizeof(int32_t), cudaMemcpyDeviceToHost, m.stream),
+          "download argmax");
+    m.synchronize();
+  });
 }
 
 void CudaModel::download_tokens(int batch, std::span<int32_t> out) const {
-  const Impl& m = *impl_;
-  check(cudaMemcpyAsync(out.data(), m.tokens.data(), batch * sizeof(int32_t), cudaMemcpyDeviceToHost, m.stream),
-        "download tokens");
-  synchronize();
+  impl_->on_lead([&](const Rank& m) {
+    check(cudaMemcpyAsync(out.data(), m.tokens.data(), batch * sizeof(int32_t), cudaMemcpyDeviceToHost, m.stream),
+          "download tokens");
+    m.synchronize();
+  });
 }
 
 void CudaModel::set_skipped_parts(unsigned parts) {
-  if (impl_->skipped == parts) return;
-  synchronize();
-  impl_->drop_graphs();
-  impl_->skipped = parts;
+  impl_->each([&](Rank& r, int) { r.set_skipped_parts(parts); });
 }
 
 void CudaModel::synchronize() const {
-  check(cudaStreamSynchronize(impl_->stream), "synchronize");
-  kc::check_last_error("cuda_model");
+  impl_->each([](Rank& r, int) { r.synchronize(); });
 }
 
 }  // namespace lowbit::model

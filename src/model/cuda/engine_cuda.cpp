@@ -13,33 +13,30 @@ namespace {
 
 class CudaEngineBackend final : public EngineBackend {
  public:
-  // devices not empty: through tensor_parallel (its sharded description and NCCL all-reduce).
+  // devices not empty: tensor-parallel over them (tensor_parallel).
   CudaEngineBackend(const Model& model, int slots, int64_t capacity, std::span<const int> devices)
-      : CudaEngineBackend(model, slots, capacity,
-                          devices.empty() ? TensorParallel{model.desc, {}} : tensor_parallel(model.desc, devices)) {}
-
-  CudaEngineBackend(const Model& model, int slots, int64_t capacity, TensorParallel tp)
-      : gpu_(model.config, std::move(tp.desc),
-             [&model](const std::string& name) {
-               const NamedTensor* t = model.find(name);
-               return t ? &t->ref : nullptr;
-             },
-             {.max_batch = slots, .slots = slots, .capacity = capacity, .all_reduce = std::move(tp.all_reduce)}) {}
+      : gpu_(make_cuda_model(
+            model.config, model.desc,
+            [&model](const std::string& name) {
+              const NamedTensor* t = model.find(name);
+              return t ? &t->ref : nullptr;
+            },
+            devices, {.max_batch = slots, .slots = slots, .capacity = capacity}, "[--devices]")) {}
 
   void prefill(int slot, std::span<const int32_t> tokens, int64_t pos, float* logits) override {
-    gpu_.prefill(tokens, pos, slot, CudaModel::Logits::last, logits);
+    gpu_->prefill(tokens, pos, slot, CudaModel::Logits::last, logits);
   }
 
   void decode(std::span<const int32_t> tokens, std::span<const int32_t> pos, std::span<const int32_t> slot,
               std::span<float* const> logits, std::span<int32_t> next) override {
-    gpu_.step(tokens, pos, slot);
-    gpu_.argmax(static_cast<int>(tokens.size()), next);
+    gpu_->step(tokens, pos, slot);
+    gpu_->argmax(static_cast<int>(tokens.size()), next);
     for (size_t i = 0; i < logits.size(); ++i)
-      if (logits[i]) gpu_.download_logits(static_cast<int>(i), static_cast<int>(i) + 1, logits[i]);
+      if (logits[i]) gpu_->download_logits(static_cast<int>(i), static_cast<int>(i) + 1, logits[i]);
   }
 
  private:
-  CudaModel gpu_;
+  std::unique_ptr<CudaModel> gpu_;
 };
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <cuda_runtime.h>
 #include <nccl.h>
@@ -55,23 +56,31 @@ void check(ncclResult_t r, const char* what) {
 
 }  // namespace
 
-TensorParallel tensor_parallel(const ModelDesc& desc, std::span<const int> devices) {
-  if (devices.size() != 1)
-    fail(Errc::unsupported,
-         "[--devices] {} GPUs: this build runs one rank per process on one GPU (--devices N); a "
-         "rank per GPU is not built yet",
-         devices.size());
+TensorParallel tensor_parallel(const ModelConfig& config, const ModelDesc& desc, const TensorLookup& lookup,
+                               std::span<const int> devices, std::string_view source) {
+  const int ranks = static_cast<int>(devices.size());
+  if (ranks < 1) fail(Errc::internal, "[--devices] no GPU");
+  check_shardable(config, ranks, source);
   const Nccl& n = nccl();
-  if (cudaSetDevice(devices[0]) != cudaSuccess)
-    fail(Errc::usage, "[--devices] GPU {}: {}", devices[0], cudaGetErrorString(cudaGetLastError()));
-  ncclComm_t raw = nullptr;
-  check(n.comm_init_all(&raw, 1, devices.data()), "ncclCommInitAll");
-  const std::shared_ptr<ncclComm> comm(raw, [](ncclComm_t c) { nccl().comm_destroy(c); });
-  return {
-      shard_desc(desc), [comm](float* data, size_t count, void* stream) {
-        check(nccl().all_reduce(data, data, count, ncclFloat32, ncclSum, comm.get(), static_cast<cudaStream_t>(stream)),
-              "ncclAllReduce");
-      }};
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) count = 0;
+  for (const int d : devices)
+    if (d < 0 || d >= count) fail(Errc::usage, "[--devices] GPU {}: this machine has {} GPUs", d, count);
+  std::vector<ncclComm_t> raw(devices.size(), nullptr);
+  check(n.comm_init_all(raw.data(), ranks, devices.data()), "ncclCommInitAll");
+  std::vector<std::shared_ptr<ncclComm>> comms;
+  for (ncclComm_t c : raw) comms.emplace_back(c, [](ncclComm_t owned) { nccl().comm_destroy(owned); });
+  TensorParallel tp{shard_desc(desc), {}};
+  for (int r = 0; r < ranks; ++r) {
+    tp.ranks.push_back(
+        {devices[static_cast<size_t>(r)], rank_tensors(config, desc, lookup, r, ranks, source),
+         [comm = comms[static_cast<size_t>(r)]](float* data, size_t count, void* stream) {
+           check(nccl().all_reduce(data, data, count, ncclFloat32, ncclSum, comm.get(),
+                                   static_cast<cudaStream_t>(stream)),
+                 "ncclAllReduce");
+         }});
+  }
+  return tp;
 }
 
 }  // namespace lowbit::model
