@@ -157,8 +157,8 @@ std::unique_ptr<Model> shard_model(const Model& full, int rank, int ranks, std::
     const codec::TensorRef* t = rt.tensors(name);
     if (!t) return nullptr;
     const codec::Range all{0, codec::matrix_dims(t->shape).first};
-    codec::SlicedTensor copy =
-        codec::slice_tensor(*t, codec::Axis::rows, std::span(&all, 1), fmt::format("[shard_model] {}: {}", source, name));
+    codec::SlicedTensor copy = codec::slice_tensor(*t, codec::Axis::rows, std::span(&all, 1),
+                                                   fmt::format("[shard_model] {}: {}", source, name));
     return kernels::prepare_cpu_owned(*t->codec, copy.shape, std::move(copy.tensor));
   };
   auto m = std::make_unique<Model>();
@@ -250,7 +250,8 @@ RankTensors rank_tensors(const ModelConfig& c, const ModelDesc& d, TensorSource 
     } else {
       const bool cols = spec && spec->split == Split::cols;
       const std::vector<codec::Range> ranges =
-          !spec ? std::vector<codec::Range>{vocab} : dim_ranges(cols ? spec->spec->cols : spec->spec->rows, c, rank, ranks);
+          !spec ? std::vector<codec::Range>{vocab}
+                : dim_ranges(cols ? spec->spec->cols : spec->spec->rows, c, rank, ranks);
       auto sliced = std::make_shared<codec::SlicedTensor>(
           codec::slice_tensor(*whole, cols ? codec::Axis::cols : codec::Axis::rows, ranges, context));
       held = {codec::TensorRef{whole->codec, sliced->tensor.params, sliced->shape, sliced->tensor.views()}, sliced};

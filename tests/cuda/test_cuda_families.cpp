@@ -38,18 +38,16 @@ std::unique_ptr<CudaModel> whole(const Model& m, const TensorLookup& lookup, con
   return std::make_unique<CudaModel>(m.config, m.desc, lookup, options);
 }
 
-void check_on_gpu(const Model& m, const testing::FamilyExpected& e, const std::string& what,
-                  const Build& build = whole, bool graphs = true) {
+void check_on_gpu(const Model& m, const testing::FamilyExpected& e, const std::string& what, const Build& build = whole,
+                  bool graphs = true) {
   const int64_t vocab = m.config.vocab, n = static_cast<int64_t>(e.tokens.size());
   const TensorLookup lookup = [&m](const std::string& name) {
     const NamedTensor* t = m.find(name);
     return t ? &t->ref : nullptr;
   };
-  const std::unique_ptr<CudaModel> gpu = build(m, lookup,
-                                               {.max_batch = 1,
-                                                .prefill_rows = 7,
-                                                .capacity = n + static_cast<int64_t>(e.greedy.size()),
-                                                .use_graphs = graphs});
+  const std::unique_ptr<CudaModel> gpu = build(
+      m, lookup,
+      {.max_batch = 1, .prefill_rows = 7, .capacity = n + static_cast<int64_t>(e.greedy.size()), .use_graphs = graphs});
   std::vector<float> logits(e.logits.size(), std::nanf(""));
   gpu->prefill(e.tokens, 0, 0, CudaModel::Logits::all, logits.data());
   const double rel = testing::max_relative_diff(logits, e.logits);
@@ -73,20 +71,17 @@ TensorParallel ranks_on_gpu0(const Model& m, const TensorLookup& lookup, int ran
   TensorParallel tp{shard_desc(m.desc), {}};
   const std::vector<std::shared_ptr<Communicator>> comms = local_group(ranks);
   for (int r = 0; r < ranks; ++r)
-    tp.ranks.push_back({0, rank_tensors(m.config, m.desc, lookup, r, ranks, "fixture"),
-                        [comm = comms[static_cast<size_t>(r)]](float* data, size_t count, void* stream) {
-                          std::vector<float> host(count);
-                          const auto s = static_cast<cudaStream_t>(stream);
-                          ASSERT_EQ(cudaMemcpyAsync(host.data(), data, count * sizeof(float),
-                                                    cudaMemcpyDeviceToHost, s),
-                                    cudaSuccess);
-                          ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
-                          comm->all_reduce(host.data(), count);
-                          ASSERT_EQ(cudaMemcpyAsync(data, host.data(), count * sizeof(float),
-                                                    cudaMemcpyHostToDevice, s),
-                                    cudaSuccess);
-                          ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
-                        }});
+    tp.ranks.push_back(
+        {0, rank_tensors(m.config, m.desc, lookup, r, ranks, "fixture"),
+         [comm = comms[static_cast<size_t>(r)]](float* data, size_t count, void* stream) {
+           std::vector<float> host(count);
+           const auto s = static_cast<cudaStream_t>(stream);
+           ASSERT_EQ(cudaMemcpyAsync(host.data(), data, count * sizeof(float), cudaMemcpyDeviceToHost, s), cudaSuccess);
+           ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+           comm->all_reduce(host.data(), count);
+           ASSERT_EQ(cudaMemcpyAsync(data, host.data(), count * sizeof(float), cudaMemcpyHostToDevice, s), cudaSuccess);
+           ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+         }});
   return tp;
 }
 

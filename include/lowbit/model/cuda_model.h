@@ -73,9 +73,9 @@ class CudaModel;
 struct CudaModelOptions;
 // The model on the current GPU (devices empty), or tensor-parallel over `devices` (tensor_parallel, which names
 // `source` in its errors; each rank gets its own all-reduce, options.all_reduce is not used). Only with CUDA.
-std::unique_ptr<CudaModel> make_cuda_model(const ModelConfig& config, const ModelDesc& desc,
-                                           const TensorLookup& lookup, std::span<const int> devices,
-                                           const CudaModelOptions& options, std::string_view source);
+std::unique_ptr<CudaModel> make_cuda_model(const ModelConfig& config, const ModelDesc& desc, const TensorLookup& lookup,
+                                           std::span<const int> devices, const CudaModelOptions& options,
+                                           std::string_view source);
 
 // True when this lowbit was built with the CUDA backend.
 bool cuda_built();

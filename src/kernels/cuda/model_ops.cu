@@ -621,7 +621,8 @@ __global__ void moe_combine_kernel(const float* y, int64_t dim, const int32_t* s
   for (int64_t d = threadIdx.x; d < dim; d += blockDim.x) {
     float acc = 0.0f;
     for (int j = 0; j < top_k; ++j)
-      if (const int s = slot[b * top_k + j]; s >= 0) acc += weight[b * top_k + j] * y[static_cast<int64_t>(s) * dim + d];
+      if (const int s = slot[b * top_k + j]; s >= 0)
+        acc += weight[b * top_k + j] * y[static_cast<int64_t>(s) * dim + d];
     out[static_cast<int64_t>(b) * dim + d] = acc;
   }
 }
@@ -733,8 +734,8 @@ int block_for(int64_t n) {
 
 void launch_embed_gather(const void* table, ElemType type, int64_t first, int64_t rows, int64_t dim,
                          const int32_t* tokens, float scale, int batch, float* x, CUstream_st* stream) {
-  embed_gather_kernel<<<batch, block_for(dim) > 256 ? 256 : block_for(dim), 0, stream>>>(table, type, first, rows,
-                                                                                         dim, tokens, scale, x);
+  embed_gather_kernel < < <batch, block_for(dim)> 256 ? 256 : block_for(dim), 0,
+      stream >>> (table, type, first, rows, dim, tokens, scale, x);
 }
 
 bool norm_supports(int64_t n) { return n > 0 && n % 4 == 0 && n <= 4 * 4 * 1024; }

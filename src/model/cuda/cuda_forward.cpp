@@ -20,8 +20,8 @@ class CudaForward final : public DeviceForward {
               const NamedTensor* t = model.find(name);
               return t ? &t->ref : nullptr;
             },
-            devices,
-            {.max_batch = 1, .slots = 1, .capacity = std::min<int64_t>(model.config.max_seq, 256)}, "[--devices]")) {}
+            devices, {.max_batch = 1, .slots = 1, .capacity = std::min<int64_t>(model.config.max_seq, 256)},
+            "[--devices]")) {}
 
   void forward(KvCache& cache, std::span<const int32_t> tokens, int64_t pos, float* logits,
                bool all_logits) override {

@@ -13,15 +13,15 @@
 #include <thread>
 #include <vector>
 
-#include "lowbit/kernels/cuda_model_ops.h"
+#include "cuda/stack_rows.h"
 #include "lowbit/core/checked.h"
 #include "lowbit/core/dtype.h"
 #include "lowbit/core/error.h"
 #include "lowbit/kernels/cuda.h"
+#include "lowbit/kernels/cuda_model_ops.h"
 #include "lowbit/model/cuda_model.h"
 #include "lowbit/model/family.h"
 #include "lowbit/model/shard.h"
-#include "cuda/stack_rows.h"
 
 namespace lowbit::model {
 
@@ -267,8 +267,8 @@ Layer load_layer(const TensorLookup& lookup, const ModelConfig& c, const LayerDe
   };
   fuse(Role::qkv, {Role::q, Role::k, Role::v});
   if (d.activation != Activation::gelu_erf) fuse(Role::gate_up, {Role::gate, Role::up});
-  if (d.has(Role::router)) load_experts(w, ref, d, l, {std::min(experts.begin, d.moe.n_experts),
-                                                        std::min(experts.end, d.moe.n_experts)});
+  if (d.has(Role::router))
+    load_experts(w, ref, d, l, {std::min(experts.begin, d.moe.n_experts), std::min(experts.end, d.moe.n_experts)});
   for (const TensorSpec& t : d.tensors) {
     if (t.expert >= 0) continue;  // load_experts
     const bool in_stack = ((t.role == Role::q || t.role == Role::k || t.role == Role::v) && w.linear(Role::qkv)) ||
@@ -307,8 +307,8 @@ struct Rank {
   ModelConfig c;  // the rank's (its heads and MLP columns; the whole vocabulary)
   ModelDesc desc;
   CudaModelOptions o;
-  codec::Range vocab;    // the embedding's and head's rows it holds
-  codec::Range experts;  // the experts of its MoE layers
+  codec::Range vocab;         // the embedding's and head's rows it holds
+  codec::Range experts;       // the experts of its MoE layers
   std::vector<Layer> layers;  // each points at its description in desc.layers
   Table embed;
   std::unique_ptr<kc::CudaLinear> lm_head;
@@ -416,9 +416,14 @@ struct Rank {
   }
 
   kc::MoeRoute route() const {
-    return {i(route_pair_row),     i(route_slot),        f(route_weight),
-            i(route_group_expert), i(route_group_start), i(route_group_count),
-            static_cast<int>(experts.begin), static_cast<int>(experts.end)};
+    return {i(route_pair_row),
+            i(route_slot),
+            f(route_weight),
+            i(route_group_expert),
+            i(route_group_start),
+            i(route_group_count),
+            static_cast<int>(experts.begin),
+            static_cast<int>(experts.end)};
   }
 
   // out = moe(in) for `rows` rows, in chunks of up to kMaxBatch rows (a prefill pass runs its rows through the decode
@@ -913,9 +918,9 @@ CudaModel::CudaModel(const ModelConfig& config, TensorParallel tp, const CudaMod
   });
 }
 
-std::unique_ptr<CudaModel> make_cuda_model(const ModelConfig& config, const ModelDesc& desc,
-                                           const TensorLookup& lookup, std::span<const int> devices,
-                                           const CudaModelOptions& options, std::string_view source) {
+std::unique_ptr<CudaModel> make_cuda_model(const ModelConfig& config, const ModelDesc& desc, const TensorLookup& lookup,
+                                           std::span<const int> devices, const CudaModelOptions& options,
+                                           std::string_view source) {
   if (devices.empty()) return std::make_unique<CudaModel>(config, desc, lookup, options);
   return std::make_unique<CudaModel>(config, tensor_parallel(config, desc, lookup, devices, source), options);
 }

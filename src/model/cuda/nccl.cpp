@@ -72,13 +72,12 @@ TensorParallel tensor_parallel(const ModelConfig& config, const ModelDesc& desc,
   for (ncclComm_t c : raw) comms.emplace_back(c, [](ncclComm_t owned) { nccl().comm_destroy(owned); });
   TensorParallel tp{shard_desc(desc), {}};
   for (int r = 0; r < ranks; ++r) {
-    tp.ranks.push_back(
-        {devices[static_cast<size_t>(r)], rank_tensors(config, desc, lookup, r, ranks, source),
-         [comm = comms[static_cast<size_t>(r)]](float* data, size_t count, void* stream) {
-           check(nccl().all_reduce(data, data, count, ncclFloat32, ncclSum, comm.get(),
-                                   static_cast<cudaStream_t>(stream)),
-                 "ncclAllReduce");
-         }});
+    tp.ranks.push_back({devices[static_cast<size_t>(r)], rank_tensors(config, desc, lookup, r, ranks, source),
+                        [comm = comms[static_cast<size_t>(r)]](float* data, size_t count, void* stream) {
+                          check(nccl().all_reduce(data, data, count, ncclFloat32, ncclSum, comm.get(),
+                                                  static_cast<cudaStream_t>(stream)),
+                                "ncclAllReduce");
+                        }});
   }
   return tp;
 }
