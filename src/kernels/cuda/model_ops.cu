@@ -734,8 +734,8 @@ int block_for(int64_t n) {
 
 void launch_embed_gather(const void* table, ElemType type, int64_t first, int64_t rows, int64_t dim,
                          const int32_t* tokens, float scale, int batch, float* x, CUstream_st* stream) {
-  embed_gather_kernel < < <batch, block_for(dim)> 256 ? 256 : block_for(dim), 0,
-      stream >>> (table, type, first, rows, dim, tokens, scale, x);
+  const int threads = block_for(dim) > 256 ? 256 : block_for(dim);
+  embed_gather_kernel<<<batch, threads, 0, stream>>>(table, type, first, rows, dim, tokens, scale, x);
 }
 
 bool norm_supports(int64_t n) { return n > 0 && n % 4 == 0 && n <= 4 * 4 * 1024; }
