@@ -12,6 +12,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <list>
 #include <nlohmann/json.hpp>
 #include <regex>
@@ -137,6 +138,23 @@ struct ModelDirs {
   std::string skip, error;  // why the tests skip, or fail, when they do
 };
 
+// Names the written directories by what they are made of, so that new weights or committed files write new ones.
+std::string fixture_key(const std::string& model_sha256) {
+  Sha256 h;
+  h.update(model_sha256.data(), model_sha256.size());
+  for (const char* sub : {"model", "phonon"}) {
+    std::vector<fs::path> files;
+    for (const auto& e : fs::directory_iterator(kFixtures / sub)) files.push_back(e.path());
+    std::sort(files.begin(), files.end());
+    for (const fs::path& f : files) {
+      std::ifstream in(f, std::ios::binary);
+      const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+      h.update(text.data(), text.size());
+    }
+  }
+  return h.hex().substr(0, 16);
+}
+
 ModelDirs find_model_dirs() {
   const std::string sha256 = expected().at("model_sha256").get<std::string>();
   ModelDirs d{kCache / "qwen3_asr_fixture", kCache / "qwen3_asr_fixture_phonon", "", ""};
@@ -151,7 +169,7 @@ ModelDirs find_model_dirs() {
     d.skip = kTokenizer.string() + " absent: the fixture model needs the Qwen3 tokenizer";
     return d;
   }
-  const fs::path dir = fs::temp_directory_path() / ("lowbit_qwen3_asr_fixture_" + sha256.substr(0, 16));
+  const fs::path dir = fs::temp_directory_path() / ("lowbit_qwen3_asr_fixture_" + fixture_key(sha256));
   d.model = dir / "model";
   d.phonon = dir / "phonon";
   if (fs::exists(dir)) return d;
