@@ -3,8 +3,8 @@
 affine-quantized, run through seed 004's own code on MLX's CPU backend for 64 frames.
 
 The model and the inputs are not committed: their values come from a counter-based generator (splitmix64 of a
-per-tensor key plus the element index, below) that tests/model/depth_decoder_test.cpp implements too, so the C++
-test writes the same depth.safetensors, quant.json and inputs byte for byte. What is committed, per variant, under
+per-tensor key plus the element index, scripts/counter_rng.py) that tests/model/counter_rng.h implements too, so the
+C++ test writes the same depth.safetensors, quant.json and inputs byte for byte. What is committed, per variant, under
 tests/model/fixtures/depth/<variant>/: expected.safetensors (codes [64, 32], feedback [64, hidden], and the logits
 of frame 0) and expected.json (the SHA-256 of every frame's logits bytes, and how the variant was made).
 
@@ -31,12 +31,12 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
+import counter_rng  # noqa: E402
 from depth_reference import depth as seed_depth  # noqa: E402
 from depth_reference import quant as Q  # noqa: E402
 
 SEED = 0x5EED0004
 D, FFN, RANK, HIDDEN, FRAMES = 128, 256, 32, 128, 64
-M64 = (1 << 64) - 1
 
 # quantized variant: name pattern -> (bits, group_size); depth tensors get f16 scales, the backbone table bf16
 QUANT = [(r"in_proj\.weight", 4, 64), (r"code_lo\.weight", 8, 32), (r"code_up\.weight", 4, 32),
@@ -53,38 +53,16 @@ VARIANTS = {  # name: (dtype, quantized, speaker, force)
 }
 
 
-def fnv1a(name):
-    h = 0xCBF29CE484222325
-    for ch in name.encode():
-        h = ((h ^ ch) * 0x100000001B3) & M64
-    return h
-
-
 def stream(name, n):
-    """splitmix64(key + i) for i < n, key = fnv1a64(name) ^ SEED."""
-    return stream_from(name, 0, n)
-
-
-def stream_from(name, start, n):
-    with np.errstate(over="ignore"):
-        z = (np.uint64((fnv1a(name) ^ SEED) & M64) + np.arange(start, start + n, dtype=np.uint64) +
-             np.uint64(0x9E3779B97F4A7C15))
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        return z ^ (z >> np.uint64(31))
+    return counter_rng.stream(SEED, name, 0, n)
 
 
 def unif(name, n):
-    """Uniform in (0, 1), exact in fp32: (2 * (x >> 41) + 1) * 2^-25 (made in chunks: full-size tables are large)."""
-    out = np.empty(n, np.float32)
-    for at in range(0, n, 1 << 23):
-        x = stream_from(name, at, min(n - at, 1 << 23))
-        out[at:at + len(x)] = ((x >> np.uint64(41)) * np.uint64(2) + np.uint64(1)).astype(np.float32)
-    return out * np.float32(2.0 ** -25)
+    return counter_rng.unif(SEED, name, n)
 
 
 def sym(name, n, amp):
-    return (unif(name, n) * np.float32(2) - np.float32(1)) * np.float32(amp)
+    return counter_rng.sym(SEED, name, n, amp)
 
 
 def ints(name, n, m):

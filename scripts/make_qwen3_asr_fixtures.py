@@ -2,12 +2,19 @@
 """Random-weight Qwen3-ASR model and the reference outputs lowbit transcribe is tested against (issue 24).
 
 Builds transformers' Qwen3ASRForConditionalGeneration (transformers >= 5, CPU torch) with the real config's
-structure cut to 2 encoder and 2 decoder layers and small widths, weights redrawn from a fixed seed at scales that
-give clear greedy margins, and saves it as an HF directory under .cache/qwen3_asr_fixture (git-ignored: models
-are never committed) with the Qwen3 tokenizer of ../shared/tokenizers/qwen3 plus Qwen3-ASR's audio tokens.
+structure cut to 2 encoder and 2 decoder layers and small widths, weights drawn at scales that give clear greedy
+margins, and saves it as an HF directory under .cache/qwen3_asr_fixture (git-ignored: models are never committed)
+with the Qwen3 tokenizer of ../shared/tokenizers/qwen3 plus Qwen3-ASR's audio tokens. Every weight comes from the
+counter-based generator of scripts/counter_rng.py (uniform; the stream of a tensor is its name in model.safetensors),
+which tests/model/counter_rng.h implements too: with the small files committed under model/ and phonon/ below,
+tests/model/qwen3_asr_test.cpp writes the same model.safetensors byte for byte (expected.json's model_sha256) and
+the Phonon copy where torch is absent (CI).
 Speech comes from espeak-ng (Debian), resampled to 16 kHz with python-soxr and stored as 16-bit PCM.
 
-Committed under tests/model/fixtures/qwen3_asr/: speech.wav and expected.json, which holds slices of the
+Committed under tests/model/fixtures/qwen3_asr/: model/ (config.json, preprocessor_config.json,
+generation_config.json, weights.json: the seed and every tensor's name, shape, kind and amplitude, and
+added_tokens.json: the entries appended to the Qwen3 tokenizer's added_tokens),
+phonon/ (config.json, packed_manifest.json), speech.wav and expected.json, which holds slices of the
 reference's log-mel features and projected encoder output, the prompt ids and the greedy token ids, and where
 mlx_audio's split_audio_into_chunks (pip install mlx-audio) cuts the speech repeated into long audio. The prompt is
 mlx_audio's Qwen3-ASR prompt (the original implementation's): an empty system turn, the audio placeholders, the
@@ -22,9 +29,11 @@ which the same seed makes identical; expected.json records its weights' SHA-256 
 import argparse
 import hashlib
 import json
+import math
 import pathlib
 import shutil
 import subprocess
+import sys
 import tempfile
 import wave
 
@@ -35,13 +44,19 @@ import transformers
 from transformers import Qwen3ASRConfig, Qwen3ASRFeatureExtractor, Qwen3ASRForConditionalGeneration
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+import counter_rng  # noqa: E402
+
 MODEL_DIR = ROOT / ".cache" / "qwen3_asr_fixture"
 PHONON_DIR = ROOT / ".cache" / "qwen3_asr_fixture_phonon"
 FIXTURES = ROOT / "tests" / "model" / "fixtures" / "qwen3_asr"
 TOKENIZER = ROOT.parent / "shared" / "tokenizers" / "qwen3"
 if not TOKENIZER.exists():
     TOKENIZER = ROOT / ".." / ".." / "shared" / "tokenizers" / "qwen3"
-SEED = 24
+SEED = 0x5EED0024
+# amplitudes of the uniform draws: gains 1 +- GAIN, biases +- BIAS, embeddings and lm_head +- EMBED (unit
+# variance), every other weight +- sqrt(3 / fan_in) (variance 1 / fan_in)
+GAIN, BIAS, EMBED = 0.2, 0.2, math.sqrt(3.0)
 TEXT = "Hello world, this is a test of lowbit."
 GREEDY_TOKENS = 32
 # Qwen3-ASR's tokens beyond Qwen3's vocabulary, at the real tokenizer's ids.
@@ -67,45 +82,79 @@ def config() -> Qwen3ASRConfig:
     )
 
 
-def redraw(model: torch.nn.Module) -> None:
-    """Weights at scales where activations stay O(1): a default 0.02 init leaves greedy margins near rounding."""
-    g = torch.Generator().manual_seed(SEED)
+def weight_specs(model: torch.nn.Module) -> list[dict]:
+    """Every tensor's name, shape, kind (g: gain, drawn 1 + sym; b: bias; w: weight) and amplitude, at scales where
+    activations stay O(1): a default 0.02 init leaves greedy margins near rounding."""
+    specs = []
+    for name, p in model.named_parameters():
+        if name.endswith("norm.weight") or name.endswith("ln_post.weight"):
+            kind, amp = "g", GAIN
+        elif p.dim() == 1:
+            kind, amp = "b", BIAS
+        elif "embed_tokens" in name or name == "lm_head.weight":
+            kind, amp = "w", EMBED
+        else:
+            kind, amp = "w", math.sqrt(3.0 / p[0].numel())
+        specs.append({"name": name, "shape": list(p.shape), "kind": kind, "amp": amp})
+    return specs
+
+
+def values(spec: dict) -> np.ndarray:
+    v = counter_rng.sym(SEED, spec["name"], math.prod(spec["shape"]), spec["amp"])
+    return (v + np.float32(1) if spec["kind"] == "g" else v).reshape(spec["shape"])
+
+
+def redraw(model: torch.nn.Module, specs: list[dict]) -> None:
+    params = dict(model.named_parameters())
     with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight") or "layer_norm.weight" in name or name.endswith("ln_post.weight"):
-                p.copy_(1 + 0.1 * torch.randn(p.shape, generator=g))
-            elif p.dim() == 1:
-                p.copy_(0.1 * torch.randn(p.shape, generator=g))
-            elif "embed_tokens" in name or name == "lm_head.weight":
-                p.copy_(torch.randn(p.shape, generator=g))
-            else:
-                fan_in = p[0].numel()
-                p.copy_(torch.randn(p.shape, generator=g) / fan_in ** 0.5)
+        for spec in specs:
+            params[spec["name"]].copy_(torch.from_numpy(values(spec)))
+
+
+def added_tokens(tok: dict) -> list[dict]:
+    """tokenizers numbers added tokens consecutively, so the ids between the audio tokens get stand-ins."""
+    by_id = {i: content for content, i in AUDIO_TOKENS.items()}
+    first = max(t["id"] for t in tok["added_tokens"]) + 1
+    return [{"id": i, "content": by_id.get(i, f"<|asr_reserved_{i}|>"), "single_word": False, "lstrip": False,
+             "rstrip": False, "normalized": False, "special": True} for i in range(first, max(by_id) + 1)]
 
 
 def write_tokenizer(out: pathlib.Path) -> None:
-    """tokenizers numbers added tokens consecutively, so the ids between the audio tokens get stand-ins."""
     tok = json.loads((TOKENIZER / "tokenizer.json").read_text())
-    by_id = {i: content for content, i in AUDIO_TOKENS.items()}
-    first = max(t["id"] for t in tok["added_tokens"]) + 1
-    for i in range(first, max(by_id) + 1):
-        tok["added_tokens"].append({"id": i, "content": by_id.get(i, f"<|asr_reserved_{i}|>"), "single_word": False,
-                                    "lstrip": False, "rstrip": False, "normalized": False, "special": True})
+    tok["added_tokens"] += added_tokens(tok)
     (out / "tokenizer.json").write_text(json.dumps(tok, ensure_ascii=False))
     shutil.copy(TOKENIZER / "tokenizer_config.json", out / "tokenizer_config.json")
 
 
-def make_model() -> pathlib.Path:
-    torch.manual_seed(SEED)
+def make_model() -> tuple[pathlib.Path, list[dict]]:
     model = Qwen3ASRForConditionalGeneration(config()).eval()
-    redraw(model)
+    specs = weight_specs(model)
+    redraw(model, specs)
     if MODEL_DIR.exists():
         shutil.rmtree(MODEL_DIR)
     model.save_pretrained(MODEL_DIR)
+    from safetensors import safe_open
+    with safe_open(str(MODEL_DIR / "model.safetensors"), "pt") as f:
+        if sorted(f.keys()) != sorted(s["name"] for s in specs) or f.metadata() != {"format": "pt"}:
+            raise SystemExit("model.safetensors holds other tensors or metadata than the parameters drawn")
     Qwen3ASRFeatureExtractor(n_window=50).save_pretrained(MODEL_DIR)
     write_tokenizer(MODEL_DIR)
     (MODEL_DIR / "generation_config.json").write_text(json.dumps({"eos_token_id": EOS}) + "\n")
-    return MODEL_DIR
+    return MODEL_DIR, specs
+
+
+def commit_model_files(model_dir: pathlib.Path, specs: list[dict]) -> None:
+    """The small files from which the C++ test rebuilds both model directories (with the tokenizer files of
+    ../shared/tokenizers/qwen3 there too)."""
+    for sub, names in (("model", ("config.json", "preprocessor_config.json", "generation_config.json")),
+                       ("phonon", ("config.json", "packed_manifest.json"))):
+        (FIXTURES / sub).mkdir(parents=True, exist_ok=True)
+        for name in names:
+            shutil.copy((model_dir if sub == "model" else PHONON_DIR) / name, FIXTURES / sub / name)
+    weights = {"generator": "scripts/counter_rng.py", "seed": SEED, "metadata": {"format": "pt"}, "tensors": specs}
+    (FIXTURES / "model" / "weights.json").write_text(json.dumps(weights, indent=1) + "\n")
+    tok = json.loads((TOKENIZER / "tokenizer.json").read_text())
+    (FIXTURES / "model" / "added_tokens.json").write_text(json.dumps(added_tokens(tok), indent=1) + "\n")
 
 
 def make_phonon(model_dir: pathlib.Path) -> pathlib.Path:
@@ -207,11 +256,12 @@ def main() -> None:
     ap.add_argument("--model-only", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(2)
-    model_dir = make_model()
+    model_dir, specs = make_model()
     print(f"model: {model_dir} ({weights_sha256(model_dir)}); Phonon layout: {make_phonon(model_dir)}")
     if args.model_only:
         return
     FIXTURES.mkdir(parents=True, exist_ok=True)
+    commit_model_files(model_dir, specs)
     speech = make_speech(FIXTURES / "speech.wav")
 
     from tokenizers import Tokenizer

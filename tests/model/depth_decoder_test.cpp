@@ -22,26 +22,17 @@
 #include "lowbit/io/json.h"
 #include "lowbit/io/safetensors.h"
 #include "lowbit/model/depth_decoder.h"
+#include "model/counter_rng.h"
 
 namespace lowbit::model {
 namespace {
 
 namespace fs = std::filesystem;
 const fs::path kFixtures = fs::path(LOWBIT_SOURCE_DIR) / "tests/model/fixtures/depth";
-constexpr uint64_t kSeed = 0x5EED0004;
 constexpr int64_t kD = 128, kFfn = 256, kRank = 32, kHidden = 128;
 
-// scripts/make_depth_fixtures.py's generator: splitmix64(fnv1a64(name) ^ seed + i).
-uint64_t at(const std::string& name, uint64_t i) {
-  uint64_t h = 0xCBF29CE484222325ull;
-  for (unsigned char c : name) h = (h ^ c) * 0x100000001B3ull;
-  uint64_t z = (h ^ kSeed) + i + 0x9E3779B97F4A7C15ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-float unif(const std::string& name, uint64_t i) { return static_cast<float>((at(name, i) >> 41) * 2 + 1) * 0x1p-25f; }
-float sym(const std::string& name, uint64_t i, float amp) { return (unif(name, i) * 2.0f - 1.0f) * amp; }
+// scripts/make_depth_fixtures.py's generator.
+const testing::CounterRng kRng(0x5EED0004);
 
 struct Spec {
   std::string name;
@@ -129,24 +120,24 @@ void write_model(const fs::path& dir, bool quantized, DType dt, const Edit& edit
       const DType sdt = s.name.starts_with("audio_in.") ? DType::BF16 : dt;
       TensorBuffer q = make_buffer(DType::U32, {rows, cols * rule->bits / 32});
       for (int64_t i = 0; i < rows * cols * rule->bits / 32; ++i)
-        q.as<uint32_t>()[i] = static_cast<uint32_t>(at(s.name + ".q", i) >> 32);
+        q.as<uint32_t>()[i] = static_cast<uint32_t>(kRng.at(s.name + ".q", i) >> 32);
       const auto sc = static_cast<float>(2 * amp / ((1 << rule->bits) - 1));
       const auto neg = static_cast<float>(-amp);
       out.emplace_back(s.name + ".q", std::move(q));
       out.emplace_back(s.name + ".scales", floats(sdt, {rows, cols / rule->group}, [&](uint64_t i) {
-                         return sc * (0.5f + unif(s.name + ".scales", i));
+                         return sc * (0.5f + kRng.unif(s.name + ".scales", i));
                        }));
       out.emplace_back(s.name + ".biases", floats(sdt, {rows, cols / rule->group}, [&](uint64_t i) {
-                         return neg * (0.5f + unif(s.name + ".biases", i));
+                         return neg * (0.5f + kRng.unif(s.name + ".biases", i));
                        }));
       recipe[s.name] = {{"bits", rule->bits}, {"group_size", rule->group}, {"shape", s.shape}};
       continue;
     }
     const auto a = static_cast<float>(amp);
     out.emplace_back(s.name, floats(DType::BF16, s.shape, [&](uint64_t i) {
-                       if (s.kind == 'g') return sym(s.name, i, 0.5f) + 1.0f;
-                       if (s.kind == 'b') return sym(s.name, i, 0.2f);
-                       return sym(s.name, i, a);
+                       if (s.kind == 'g') return kRng.sym(s.name, i, 0.5f) + 1.0f;
+                       if (s.kind == 'b') return kRng.sym(s.name, i, 0.2f);
+                       return kRng.sym(s.name, i, a);
                      }));
   }
   if (edit) edit(out, recipe);
@@ -157,19 +148,19 @@ void write_model(const fs::path& dir, bool quantized, DType dt, const Edit& edit
 Tensors make_inputs(const std::string& variant, int64_t frames, bool speaker, bool force) {
   const std::string p = variant + ".";
   Tensors in;
-  in.emplace_back("h", floats(DType::BF16, {frames, kHidden}, [&](uint64_t i) { return sym(p + "h", i, 1.0f); }));
+  in.emplace_back("h", floats(DType::BF16, {frames, kHidden}, [&](uint64_t i) { return kRng.sym(p + "h", i, 1.0f); }));
   TensorBuffer cb0 = make_buffer(DType::I32, {frames});
-  for (int64_t i = 0; i < frames; ++i) cb0.as<int32_t>()[i] = static_cast<int32_t>(at(p + "cb0", i) % 2048);
+  for (int64_t i = 0; i < frames; ++i) cb0.as<int32_t>()[i] = static_cast<int32_t>(kRng.at(p + "cb0", i) % 2048);
   in.emplace_back("cb0", std::move(cb0));
   in.emplace_back("uniform",
-                  floats(DType::F32, {frames, 31, 2048}, [&](uint64_t i) { return unif(p + "uniform", i); }));
+                  floats(DType::F32, {frames, 31, 2048}, [&](uint64_t i) { return kRng.unif(p + "uniform", i); }));
   if (force) {
     TensorBuffer f = make_buffer(DType::I32, {frames, 32});
-    for (int64_t i = 0; i < frames * 32; ++i) f.as<int32_t>()[i] = static_cast<int32_t>(at(p + "force", i) % 2048);
+    for (int64_t i = 0; i < frames * 32; ++i) f.as<int32_t>()[i] = static_cast<int32_t>(kRng.at(p + "force", i) % 2048);
     in.emplace_back("force", std::move(f));
   }
   if (speaker)
-    in.emplace_back("speaker", floats(DType::F32, {kD}, [&](uint64_t i) { return sym(p + "speaker", i, 1.0f); }));
+    in.emplace_back("speaker", floats(DType::F32, {kD}, [&](uint64_t i) { return kRng.sym(p + "speaker", i, 1.0f); }));
   return in;
 }
 

@@ -1,26 +1,33 @@
 // Qwen3-ASR against transformers' qwen3_asr (scripts/make_qwen3_asr_fixtures.py): the log-mel features of the
 // committed speech (espeak-ng), the projected encoder output of a random-weight model, and lowbit's greedy ids.
 // Tolerances: max |lowbit - reference| over a slice within 1e-4 of the slice's largest |reference|.
+// The model is not committed: where the script has not written it under .cache (no torch: CI), it is written here
+// from the committed config files and the script's counter-based generator, the same bytes (its SHA-256 checked).
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <sndfile.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <list>
 #include <nlohmann/json.hpp>
 #include <regex>
+#include <system_error>
 
 #include "artifact/artifact_fixture.h"
 #include "lowbit/artifact/reader.h"
 #include "lowbit/codec/codec.h"
+#include "lowbit/core/sha256.h"
 #include "lowbit/core/thread_pool.h"
 #include "lowbit/io/audio.h"
 #include "lowbit/io/safetensors.h"
 #include "lowbit/model/log_mel.h"
 #include "lowbit/model/speech.h"
+#include "model/counter_rng.h"
 
 namespace lowbit::model {
 namespace {
@@ -29,15 +36,166 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 const fs::path kFixtures = fs::path(LOWBIT_SOURCE_DIR) / "tests/model/fixtures/qwen3_asr";
-// The random-weight model itself is not committed; the script rewrites it identically (same seed).
-const fs::path kModel = fs::path(LOWBIT_SOURCE_DIR) / ".cache/qwen3_asr_fixture";
-// The same weights in a Phonon directory (mlx_audio's names and conv layout, dense decoder linears).
-const fs::path kPhonon = fs::path(LOWBIT_SOURCE_DIR) / ".cache/qwen3_asr_fixture_phonon";
-constexpr const char* kModelAbsent = " absent: run scripts/make_qwen3_asr_fixtures.py --model-only";
+const fs::path kCache = fs::path(LOWBIT_SOURCE_DIR) / ".cache";
+const fs::path kTokenizer = fs::path(LOWBIT_SHARED_DIR) / "tokenizers/qwen3";
 
-json expected() {
-  std::ifstream in(kFixtures / "expected.json");
+json read_json(const fs::path& path) {
+  std::ifstream in(path);
   return json::parse(in);
+}
+
+json expected() { return read_json(kFixtures / "expected.json"); }
+
+using Tensors = std::vector<std::pair<std::string, TensorBuffer>>;
+
+// The tensors of model/weights.json, in fp32: 1 + sym(amp) for a gain, sym(amp) otherwise.
+Tensors draw_weights(const json& weights) {
+  const testing::CounterRng rng(weights.at("seed").get<uint64_t>());
+  Tensors out;
+  for (const json& t : weights.at("tensors")) {
+    const auto name = t.at("name").get<std::string>();
+    TensorBuffer b = make_buffer(DType::F32, t.at("shape").get<Shape>());
+    const uint64_t key = rng.key(name), n = b.bytes.size() / sizeof(float);
+    const auto amp = static_cast<float>(t.at("amp").get<double>());
+    const float offset = t.at("kind") == "g" ? 1.0f : 0.0f;
+    float* v = b.as<float>();
+    for (uint64_t i = 0; i < n; ++i) v[i] = testing::CounterRng::sym(key, i, amp) + offset;
+    out.emplace_back(name, std::move(b));
+  }
+  return out;
+}
+
+// The script's make_phonon: mlx_audio's name of an HF tensor, and whether it is a conv weight ([out, in, kh, kw],
+// which MLX stores [out, kh, kw, in]).
+std::pair<std::string, bool> phonon_name(const std::string& name) {
+  const auto rest = [&](std::string_view prefix) { return name.substr(prefix.size()); };
+  if (name.starts_with("model.language_model.")) return {"model." + rest("model.language_model."), false};
+  if (name == "lm_head.weight") return {name, false};
+  if (name.starts_with("model.audio_tower.")) {
+    const std::string local = "audio_tower." + rest("model.audio_tower.");
+    return {local, local.find(".conv2d") != std::string::npos && local.ends_with("weight")};
+  }
+  if (name.starts_with("model.multi_modal_projector.linear_"))
+    return {"audio_tower.proj" + rest("model.multi_modal_projector.linear_"), false};
+  throw std::runtime_error("unexpected tensor " + name);
+}
+
+TensorBuffer conv_to_mlx(const TensorBuffer& w) {
+  const int64_t out = w.shape[0], in = w.shape[1], kh = w.shape[2], kw = w.shape[3];
+  TensorBuffer t = make_buffer(DType::F32, {out, kh, kw, in});
+  const auto* src = reinterpret_cast<const float*>(w.bytes.data());
+  for (int64_t o = 0; o < out; ++o)
+    for (int64_t c = 0; c < in; ++c)
+      for (int64_t y = 0; y < kh; ++y)
+        for (int64_t x = 0; x < kw; ++x)
+          t.as<float>()[((o * kh + y) * kw + x) * in + c] = src[((o * in + c) * kh + y) * kw + x];
+  return t;
+}
+
+void write_tensors(const fs::path& path, const Tensors& tensors, const std::map<std::string, std::string>& metadata) {
+  std::vector<std::pair<std::string, TensorView>> views;
+  for (const auto& [name, b] : tensors) views.emplace_back(name, b.view());
+  io::write_safetensors(path, views, metadata);
+}
+
+// The script's two model directories, from the files committed under model/ and phonon/, the generator and the
+// Qwen3 tokenizer of ../shared; throws when model.safetensors is not the reference's (`sha256`).
+void write_model_dirs(const fs::path& model, const fs::path& phonon, const std::string& sha256) {
+  const fs::path src = kFixtures / "model";
+  const json weights = read_json(src / "weights.json");
+  Tensors tensors = draw_weights(weights);
+  fs::create_directories(model);
+  write_tensors(model / "model.safetensors", tensors, weights.at("metadata").get<std::map<std::string, std::string>>());
+  if (const std::string got = sha256_file(model / "model.safetensors"); got != sha256)
+    throw std::runtime_error(
+        fmt::format("{}: SHA-256 {}, but expected.json's model_sha256 is {}: the generator or "
+                    "weights.json differ from scripts/make_qwen3_asr_fixtures.py's",
+                    (model / "model.safetensors").string(), got, sha256));
+  json tokenizer = read_json(kTokenizer / "tokenizer.json");
+  for (const json& t : read_json(src / "added_tokens.json")) tokenizer.at("added_tokens").push_back(t);
+  std::ofstream(model / "tokenizer.json") << tokenizer.dump();
+  fs::copy_file(kTokenizer / "tokenizer_config.json", model / "tokenizer_config.json");
+  for (const char* f : {"config.json", "preprocessor_config.json", "generation_config.json"})
+    fs::copy_file(src / f, model / f);
+
+  for (auto& [name, b] : tensors) {
+    bool conv = false;
+    std::tie(name, conv) = phonon_name(name);
+    if (conv) b = conv_to_mlx(b);
+  }
+  fs::create_directories(phonon);
+  write_tensors(phonon / "model.safetensors", tensors, {{"format", "mlx"}});
+  for (const char* f : {"config.json", "packed_manifest.json"}) fs::copy_file(kFixtures / "phonon" / f, phonon / f);
+  for (const char* f :
+       {"tokenizer.json", "tokenizer_config.json", "preprocessor_config.json", "generation_config.json"})
+    fs::copy_file(model / f, phonon / f);
+}
+
+// The directories the model tests run: the script's under .cache where torch made them, else the same written
+// once per fixture version under the temp dir (a finished one renamed into place, so concurrent tests share it).
+struct ModelDirs {
+  fs::path model, phonon;
+  std::string skip, error;  // why the tests skip, or fail, when they do
+};
+
+// Names the written directories by what they are made of, so that new weights or committed files write new ones.
+std::string fixture_key(const std::string& model_sha256) {
+  Sha256 h;
+  h.update(model_sha256.data(), model_sha256.size());
+  for (const char* sub : {"model", "phonon"}) {
+    std::vector<fs::path> files;
+    for (const auto& e : fs::directory_iterator(kFixtures / sub)) files.push_back(e.path());
+    std::sort(files.begin(), files.end());
+    for (const fs::path& f : files) {
+      std::ifstream in(f, std::ios::binary);
+      const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+      h.update(text.data(), text.size());
+    }
+  }
+  return h.hex().substr(0, 16);
+}
+
+ModelDirs find_model_dirs() {
+  const std::string sha256 = expected().at("model_sha256").get<std::string>();
+  ModelDirs d{kCache / "qwen3_asr_fixture", kCache / "qwen3_asr_fixture_phonon", "", ""};
+  if (fs::exists(d.model / "model.safetensors") && fs::exists(d.phonon / "model.safetensors")) {
+    if (sha256_file(d.model / "model.safetensors") != sha256)
+      d.error = d.model.string() +
+                " holds other weights than expected.json's model_sha256: rerun scripts/make_qwen3_asr_fixtures.py "
+                "--model-only, or remove it";
+    return d;
+  }
+  if (!fs::exists(kTokenizer / "tokenizer.json")) {
+    d.skip = kTokenizer.string() + " absent: the fixture model needs the Qwen3 tokenizer";
+    return d;
+  }
+  const fs::path dir = fs::temp_directory_path() / ("lowbit_qwen3_asr_fixture_" + fixture_key(sha256));
+  d.model = dir / "model";
+  d.phonon = dir / "phonon";
+  if (fs::exists(dir)) return d;
+  const fs::path tmp = fmt::format("{}.tmp{}", dir.string(), ::getpid());
+  std::error_code ec;
+  try {
+    fs::remove_all(tmp);
+    write_model_dirs(tmp / "model", tmp / "phonon", sha256);
+    fs::rename(tmp, dir, ec);  // fails where another test process renamed its copy first
+  } catch (const std::exception& e) {
+    d.error = e.what();
+  }
+  fs::remove_all(tmp, ec);
+  if (d.error.empty() && !fs::exists(dir)) d.error = "could not write " + dir.string();
+  return d;
+}
+
+const ModelDirs& model_dirs() {
+  static const ModelDirs dirs = find_model_dirs();
+  return dirs;
+}
+
+// In a fixture's SetUp: the test body runs only where the model directories are there.
+void require_model_dirs() {
+  if (!model_dirs().error.empty()) FAIL() << model_dirs().error;
+  if (!model_dirs().skip.empty()) GTEST_SKIP() << model_dirs().skip;
 }
 
 // max |got - want| / max |want| over the slice.
@@ -75,15 +233,14 @@ std::vector<float> speech() { return io::read_audio(kFixtures / expected().at("a
 class Qwen3AsrModel : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    if (fs::exists(kModel / "model.safetensors")) model_ = load_speech_model(kModel).release();
+    if (model_dirs().skip.empty() && model_dirs().error.empty())
+      model_ = load_speech_model(model_dirs().model).release();
   }
   static void TearDownTestSuite() {
     delete model_;
     model_ = nullptr;
   }
-  void SetUp() override {
-    if (!model_) GTEST_SKIP() << kModel << kModelAbsent;
-  }
+  void SetUp() override { require_model_dirs(); }
   static SpeechModel* model_;
 };
 SpeechModel* Qwen3AsrModel::model_ = nullptr;
@@ -116,19 +273,24 @@ void expect_reference_greedy(const SpeechModel& model, const fs::path& dir) {
   }
 }
 
-TEST_F(Qwen3AsrModel, GreedyTokensMatchTheReference) { expect_reference_greedy(*model_, kModel); }
+TEST_F(Qwen3AsrModel, GreedyTokensMatchTheReference) { expect_reference_greedy(*model_, model_dirs().model); }
 
-TEST(Qwen3AsrPhonon, GreedyTokensMatchTheReference) {
-  if (!fs::exists(kPhonon / "model.safetensors")) GTEST_SKIP() << kPhonon << kModelAbsent;
-  expect_reference_greedy(*load_speech_model(kPhonon), kPhonon);
+class Qwen3AsrPhonon : public ::testing::Test {
+ protected:
+  void SetUp() override { require_model_dirs(); }
+};
+
+TEST_F(Qwen3AsrPhonon, GreedyTokensMatchTheReference) {
+  expect_reference_greedy(*load_speech_model(model_dirs().phonon), model_dirs().phonon);
 }
 
 // The Phonon fixture with its decoder's linears packed two-plane (seed 000) in a storage variant, and (hybrid) the
 // embedding and audio_tower.proj2 4-bit affine; beside it, the same weights dequantized into the dense layout.
 void write_packed_phonon(const fs::path& packed, const fs::path& dequantized, const std::string& storage, bool slim,
                          bool hybrid) {
-  const auto ckpt = io::SafetensorsCheckpoint::open(kPhonon);
-  json manifest = json::parse(std::ifstream(kPhonon / "packed_manifest.json"));
+  const fs::path& phonon = model_dirs().phonon;
+  const auto ckpt = io::SafetensorsCheckpoint::open(phonon);
+  json manifest = json::parse(std::ifstream(phonon / "packed_manifest.json"));
   manifest["modules"] = json::array();
   std::list<codec::EncodedTensor> encoded;
   std::list<std::vector<float>> values;
@@ -188,16 +350,15 @@ void write_packed_phonon(const fs::path& packed, const fs::path& dequantized, co
     fs::create_directories(dir);
     for (const char* f : {"config.json", "preprocessor_config.json", "generation_config.json", "tokenizer.json",
                           "tokenizer_config.json"})
-      fs::copy_file(kPhonon / f, dir / f);
+      fs::copy_file(phonon / f, dir / f);
   }
   std::ofstream(packed / "packed_manifest.json") << manifest.dump(1);
-  fs::copy_file(kPhonon / "packed_manifest.json", dequantized / "packed_manifest.json");
+  fs::copy_file(phonon / "packed_manifest.json", dequantized / "packed_manifest.json");
   io::write_safetensors(packed / "model.safetensors", packed_tensors, {{"format", "mlx"}});
   io::write_safetensors(dequantized / "model.safetensors", dense_tensors, {{"format", "mlx"}});
 }
 
-TEST(Qwen3AsrPhonon, PackedDecodersMatchTheirDequantizedWeights) {
-  if (!fs::exists(kPhonon / "model.safetensors")) GTEST_SKIP() << kPhonon << kModelAbsent;
+TEST_F(Qwen3AsrPhonon, PackedDecodersMatchTheirDequantizedWeights) {
   struct Variant {
     const char* storage;
     bool slim, hybrid;
@@ -250,7 +411,7 @@ TEST(Qwen3Asr, LongAudioSplitsAsTheReference) {
 
 TEST_F(Qwen3AsrModel, ChunkedAudioIsTranscribedChunkByChunk) {
   // Each chunk transcribed alone, zero-padded to a second, within what is left of max_tokens: the same ids.
-  const auto tokenizer = load_tokenizer_for(*model_->decoder, kModel, std::nullopt);
+  const auto tokenizer = load_tokenizer_for(*model_->decoder, model_dirs().model, std::nullopt);
   ThreadPool pool(2);
   const std::vector<float> wav = speech();
   const Transcript whole =
@@ -274,7 +435,7 @@ TEST_F(Qwen3AsrModel, ChunkedAudioIsTranscribedChunkByChunk) {
 
 TEST_F(Qwen3AsrModel, AudioChangesTheTranscript) {
   // The same model on silence: the audio rows reach the decoder, so the ids differ.
-  const auto tokenizer = load_tokenizer_for(*model_->decoder, kModel, std::nullopt);
+  const auto tokenizer = load_tokenizer_for(*model_->decoder, model_dirs().model, std::nullopt);
   ThreadPool pool(2);
   const std::vector<float> silence(speech().size(), 0.0f);
   const Transcript t = transcribe(*model_, *tokenizer, silence, {.language = std::nullopt, .max_tokens = 8}, pool);
@@ -284,7 +445,7 @@ TEST_F(Qwen3AsrModel, AudioChangesTheTranscript) {
 
 TEST_F(Qwen3AsrModel, CliPrintsTheTextAndTokenIds) {
   const auto r = artifact::testing::run_cli(
-      {"transcribe", kModel.string(), (kFixtures / "speech.wav").string(), "--json", "--max-tokens", "32"});
+      {"transcribe", model_dirs().model.string(), (kFixtures / "speech.wav").string(), "--json", "--max-tokens", "32"});
   ASSERT_EQ(r.status, 0) << r.err;
   const json got = json::parse(r.out);
   EXPECT_EQ(got.at("token_ids"), expected().at("auto").at("token_ids"));
@@ -308,7 +469,7 @@ TEST_F(Qwen3AsrModel, CliReadsFlacAlike) {
             static_cast<sf_count_t>(samples.size()));
   sf_close(f);
   const auto r = artifact::testing::run_cli(
-      {"transcribe", kModel.string(), (tmp / "speech.flac").string(), "--json", "--max-tokens", "32"});
+      {"transcribe", model_dirs().model.string(), (tmp / "speech.flac").string(), "--json", "--max-tokens", "32"});
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_EQ(json::parse(r.out).at("token_ids"), expected().at("auto").at("token_ids"));
 }
@@ -319,7 +480,7 @@ TEST_F(Qwen3AsrModel, CliReadsFlacAlike) {
 TEST_F(Qwen3AsrModel, QuantizedArtifactMatchesItsDequantizedWeights) {
   artifact::testing::TempDir tmp;
   const fs::path art = tmp / "art", dense = tmp / "dense";
-  const auto q = artifact::testing::run_cli({"quantize", kModel.string(), art.string(), "--no-calib"});
+  const auto q = artifact::testing::run_cli({"quantize", model_dirs().model.string(), art.string(), "--no-calib"});
   ASSERT_EQ(q.status, 0) << q.err;
   const artifact::Artifact a = artifact::Artifact::open(art);
   EXPECT_EQ(a.tensor("model.audio_tower.layers.0.fc1.weight").params.at("bits"), 8);
@@ -339,7 +500,7 @@ TEST_F(Qwen3AsrModel, QuantizedArtifactMatchesItsDequantizedWeights) {
   io::write_safetensors(dense / "model.safetensors", tensors);
   for (const char* f :
        {"config.json", "preprocessor_config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"})
-    fs::copy_file(kModel / f, dense / f);
+    fs::copy_file(model_dirs().model / f, dense / f);
   const auto quantized = load_speech_model(art), dequantized = load_speech_model(dense);
   const auto tokenizer = load_tokenizer_for(*quantized->decoder, art, std::nullopt);
   ThreadPool pool(2);
@@ -360,7 +521,7 @@ TEST_F(Qwen3AsrModel, CliRejectsBadAudioWithOneLine) {
   std::ofstream(tmp / "empty.wav", std::ios::binary)
       .write("RIFF\x24\0\0\0WAVEfmt \x10\0\0\0\x01\0\x01\0\x80\x3e\0\0\0\x7d\0\0\x02\0\x10\0data\0\0\0\0", 44);
   for (const char* name : {"text.wav", "empty.wav", "absent.flac"}) {
-    const auto r = artifact::testing::run_cli({"transcribe", kModel.string(), (tmp / name).string()});
+    const auto r = artifact::testing::run_cli({"transcribe", model_dirs().model.string(), (tmp / name).string()});
     EXPECT_EQ(r.status, std::string(name) == "absent.flac" ? 1 : 3) << name << ": " << r.err;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
     EXPECT_NE(r.err.find(name), std::string::npos) << r.err;
