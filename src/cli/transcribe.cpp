@@ -2,6 +2,7 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <random>
 #include <string>
 
 #include "command.h"
@@ -16,6 +17,8 @@ struct Args {
   std::optional<std::string> language;
   bool json = false;
   int64_t max_tokens = 1024;
+  lowbit::model::SamplerOptions sampler{.temperature = 0.0f};
+  std::optional<uint64_t> seed;
   size_t threads = 0;
 };
 
@@ -25,8 +28,11 @@ void run(const Args& a) {
   const auto model = model::load_speech_model(a.model);
   const auto tokenizer = model::load_tokenizer_for(*model->decoder, a.model, std::nullopt);
   const std::vector<float> samples = io::read_audio(a.audio, static_cast<int>(model->mel.sample_rate));
-  const model::Transcript t = model::transcribe(*model, *tokenizer, samples,
-                                                {.language = a.language, .max_tokens = a.max_tokens}, default_pool());
+  model::SamplerOptions sampler = a.sampler;
+  sampler.seed = a.seed ? *a.seed : std::random_device{}();
+  const model::Transcript t = model::transcribe(
+      *model, *tokenizer, samples, {.language = a.language, .max_tokens = a.max_tokens, .sampler = sampler},
+      default_pool());
   if (a.json) {
     const nlohmann::json out = {{"text", t.text}, {"token_ids", t.token_ids}};
     std::printf("%s\n", out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
@@ -52,6 +58,11 @@ void setup(CLI::App& root) {
   cmd->add_option("--max-tokens", args->max_tokens, "Most tokens generated")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  auto& s = args->sampler;
+  cmd->add_option("--temp", s.temperature, "Temperature; 0 = greedy")->capture_default_str();
+  cmd->add_option("--top-k", s.top_k, "Top-k when sampling; 0 = off")->capture_default_str();
+  cmd->add_option("--top-p", s.top_p, "Top-p when sampling; 1 = off")->capture_default_str();
+  cmd->add_option("--seed", args->seed, "Sampling seed (default: random)");
   cmd->add_option("--threads", args->threads, "Threads (default: all cores)");
   cmd->callback([args] { run(*args); });
 }

@@ -1,4 +1,4 @@
-// Qwen3-ASR (speech.h): the loader of transformers' qwen3_asr directories, the audio encoder, greedy transcription.
+// Qwen3-ASR (speech.h): the loader of transformers' qwen3_asr directories, the audio encoder, transcription.
 // The encoder's layers are a family.h description (family/qwen3_asr_encoder.cpp) run by the CPU interpreter,
 // one attention window per pass; the text decoder is an ordinary Qwen3 model fed embeddings whose audio
 // placeholder rows are the encoder's output.
@@ -442,7 +442,7 @@ std::vector<AudioChunk> split_audio(std::span<const float> wav, int64_t rate, do
 namespace {
 
 Transcript transcribe_one(const SpeechModel& sm, const Tokenizer& tokenizer, std::span<const float> samples,
-                          const TranscribeOptions& options, ThreadPool& pool) {
+                          const TranscribeOptions& options, Sampler& sampler, ThreadPool& pool) {
   using Clock = std::chrono::steady_clock;
   const auto seconds = [](Clock::time_point a, Clock::time_point b) {
     return std::chrono::duration<double>(b - a).count();
@@ -488,10 +488,12 @@ Transcript transcribe_one(const SpeechModel& sm, const Tokenizer& tokenizer, std
   const auto t3 = Clock::now();
   out.prefill_seconds = seconds(t2, t3);
   int64_t pos = out.prompt_tokens;
+  std::vector<int32_t> history = ids;  // the sampler's repeat penalty looks back over prompt and output
   while (static_cast<int64_t>(out.token_ids.size()) < options.max_tokens) {
-    const auto next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    const int32_t next = sampler.sample(logits, history);
     if (eos.contains(next)) break;
     out.token_ids.push_back(next);
+    history.push_back(next);
     if (static_cast<int64_t>(out.token_ids.size()) == options.max_tokens) break;
     forward(dec, cache, std::span(&next, 1), pos++, logits.data(), false, pool);
   }
@@ -505,7 +507,8 @@ Transcript transcribe_one(const SpeechModel& sm, const Tokenizer& tokenizer, std
 Transcript transcribe(const SpeechModel& sm, const Tokenizer& tokenizer, std::span<const float> samples,
                       const TranscribeOptions& options, ThreadPool& pool) {
   const std::vector<AudioChunk> chunks = split_audio(samples, sm.mel.sample_rate, options.chunk_seconds);
-  if (chunks.size() == 1) return transcribe_one(sm, tokenizer, samples, options, pool);
+  Sampler sampler(options.sampler);
+  if (chunks.size() == 1) return transcribe_one(sm, tokenizer, samples, options, sampler, pool);
   // mlx_audio's generate: the chunks in turn, each zero-padded to a second, sharing max_tokens; texts joined by
   // spaces
   Transcript out;
@@ -515,7 +518,7 @@ Transcript transcribe(const SpeechModel& sm, const Tokenizer& tokenizer, std::sp
     wav.resize(std::max<size_t>(wav.size(), static_cast<size_t>(sm.mel.sample_rate)), 0.0f);
     TranscribeOptions o = options;
     o.max_tokens = options.max_tokens - static_cast<int64_t>(out.token_ids.size());
-    const Transcript t = transcribe_one(sm, tokenizer, wav, o, pool);
+    const Transcript t = transcribe_one(sm, tokenizer, wav, o, sampler, pool);
     out.text += (out.text.empty() ? "" : " ") + t.text;
     out.token_ids.insert(out.token_ids.end(), t.token_ids.begin(), t.token_ids.end());
     out.audio_tokens += t.audio_tokens;

@@ -433,6 +433,27 @@ TEST_F(Qwen3AsrModel, ChunkedAudioIsTranscribedChunkByChunk) {
   EXPECT_GT(whole.token_ids.size(), 16u);
 }
 
+TEST_F(Qwen3AsrModel, SampledDecodingFollowsItsSeed) {
+  // A seeded sampler gives the same ids every run and others for another seed; at a high temperature it leaves the
+  // greedy reference; temperature 0 is the greedy reference itself.
+  const auto tokenizer = load_tokenizer_for(*model_->decoder, model_dirs().model, std::nullopt);
+  ThreadPool pool(2);
+  const std::vector<float> wav = speech();
+  TranscribeOptions o{.language = std::nullopt, .max_tokens = 32};
+  o.sampler = {.temperature = 1.5f, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f, .seed = 7};
+  const Transcript a = transcribe(*model_, *tokenizer, wav, o, pool);
+  const Transcript again = transcribe(*model_, *tokenizer, wav, o, pool);
+  o.sampler.seed = 8;
+  const Transcript other = transcribe(*model_, *tokenizer, wav, o, pool);
+  const auto greedy = expected().at("auto").at("token_ids").get<std::vector<int32_t>>();
+  EXPECT_EQ(a.token_ids, again.token_ids);
+  EXPECT_NE(a.token_ids, other.token_ids);
+  EXPECT_NE(a.token_ids, greedy);
+  for (const int32_t id : a.token_ids) EXPECT_TRUE(id >= 0 && id < model_->decoder->config.vocab) << id;
+  o.sampler.temperature = 0.0f;
+  EXPECT_EQ(transcribe(*model_, *tokenizer, wav, o, pool).token_ids, greedy);
+}
+
 TEST_F(Qwen3AsrModel, AudioChangesTheTranscript) {
   // The same model on silence: the audio rows reach the decoder, so the ids differ.
   const auto tokenizer = load_tokenizer_for(*model_->decoder, model_dirs().model, std::nullopt);

@@ -16,6 +16,7 @@
 
 #include "lowbit/model/log_mel.h"
 #include "lowbit/model/model.h"
+#include "lowbit/model/sampler.h"
 
 namespace lowbit::model {
 
@@ -86,6 +87,9 @@ std::vector<float> encode_audio(const SpeechModel& model, const LogMel& mel, Thr
 struct TranscribeOptions {
   std::optional<std::string> language;  // forces "language <L><asr_text>" after the prompt
   int64_t max_tokens = 1024;
+  // Greedy by default (temperature 0, as mlx_audio's default); temperature > 0 samples (sampler.h), one sampler
+  // across all chunks of long audio.
+  SamplerOptions sampler{.temperature = 0.0f};
   double chunk_seconds = 1200.0;  // longer audio is split (split_audio), as mlx_audio's chunk_duration
 };
 
@@ -105,7 +109,7 @@ struct Transcript {
   double features_seconds = 0, encoder_seconds = 0, prefill_seconds = 0, decode_seconds = 0;
 };
 
-// Greedy transcription of 16 kHz mono samples; audio split into several chunks is transcribed chunk by chunk
+// Transcription of 16 kHz mono samples (greedy, or sampled per options.sampler); audio split into several chunks is transcribed chunk by chunk
 // (each zero-padded to a second) within one max_tokens, the texts joined by spaces, as mlx_audio does.
 Transcript transcribe(const SpeechModel& model, const Tokenizer& tokenizer, std::span<const float> samples,
                       const TranscribeOptions& options, ThreadPool& pool);
