@@ -30,9 +30,9 @@ void run(const Args& a) {
   const std::vector<float> samples = io::read_audio(a.audio, static_cast<int>(model->mel.sample_rate));
   model::SamplerOptions sampler = a.sampler;
   sampler.seed = a.seed ? *a.seed : std::random_device{}();
-  const model::Transcript t = model::transcribe(
-      *model, *tokenizer, samples, {.language = a.language, .max_tokens = a.max_tokens, .sampler = sampler},
-      default_pool());
+  const model::Transcript t =
+      model::transcribe(*model, *tokenizer, samples,
+                        {.language = a.language, .max_tokens = a.max_tokens, .sampler = sampler}, default_pool());
   if (a.json) {
     const nlohmann::json out = {{"text", t.text}, {"token_ids", t.token_ids}};
     std::printf("%s\n", out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());

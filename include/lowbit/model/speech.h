@@ -109,8 +109,9 @@ struct Transcript {
   double features_seconds = 0, encoder_seconds = 0, prefill_seconds = 0, decode_seconds = 0;
 };
 
-// Transcription of 16 kHz mono samples (greedy, or sampled per options.sampler); audio split into several chunks is transcribed chunk by chunk
-// (each zero-padded to a second) within one max_tokens, the texts joined by spaces, as mlx_audio does.
+// Transcription of 16 kHz mono samples (greedy, or sampled per options.sampler); audio split into several chunks is
+// transcribed chunk by chunk (each zero-padded to a second) within one max_tokens, the texts joined by spaces, as
+// mlx_audio does.
 Transcript transcribe(const SpeechModel& model, const Tokenizer& tokenizer, std::span<const float> samples,
                       const TranscribeOptions& options, ThreadPool& pool);
 
