@@ -400,6 +400,7 @@ TEST(Qwen3Asr, LongAudioSplitsAsTheReference) {
     for (int64_t i = 0; i < c.at("repeat").get<int64_t>(); ++i) wav.insert(wav.end(), one.begin(), one.end());
     std::vector<int64_t> starts;
     const std::vector<AudioChunk> chunks = split_audio(wav, 16000, c.at("seconds").get<double>());
+    starts.reserve(chunks.size());
     for (const AudioChunk& a : chunks) starts.push_back(a.begin);
     EXPECT_EQ(starts, c.at("starts").get<std::vector<int64_t>>()) << c.dump();
     EXPECT_EQ(chunks.back().end, static_cast<int64_t>(wav.size()));
@@ -510,7 +511,7 @@ TEST_F(Qwen3AsrModel, QuantizedArtifactMatchesItsDequantizedWeights) {
   std::vector<std::vector<float>> values;
   std::vector<std::pair<std::string, TensorView>> tensors;
   for (const std::string& name : a.tensor_names()) {
-    const codec::TensorRef ref = a.tensor(name);
+    const codec::TensorRef& ref = a.tensor(name);
     values.push_back(codec::decode_all(ref));
     const bool decoder = name.starts_with("model.") && !name.starts_with("model.audio_tower.") &&
                          !name.starts_with("model.multi_modal_projector.");

@@ -69,6 +69,7 @@ TensorParallel tensor_parallel(const ModelConfig& config, const ModelDesc& desc,
   std::vector<ncclComm_t> raw(devices.size(), nullptr);
   check(n.comm_init_all(raw.data(), ranks, devices.data()), "ncclCommInitAll");
   std::vector<std::shared_ptr<ncclComm>> comms;
+  comms.reserve(raw.size());
   for (ncclComm_t c : raw) comms.emplace_back(c, [](ncclComm_t owned) { nccl().comm_destroy(owned); });
   TensorParallel tp{shard_desc(desc), {}};
   for (int r = 0; r < ranks; ++r) {
