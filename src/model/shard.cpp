@@ -155,7 +155,7 @@ std::unique_ptr<Model> shard_model(const Model& full, int rank, int ranks, std::
       rank, ranks, source);
   const auto prepare = [&](const std::string& name) -> std::unique_ptr<kernels::CpuLinear> {
     const codec::TensorRef* t = rt.tensors(name);
-    if (!t) return nullptr;
+    if (!t) fail(Errc::internal, "[shard_model] {}: tensor '{}' is missing", source, name);
     const codec::Range all{0, codec::matrix_dims(t->shape).first};
     codec::SlicedTensor copy = codec::slice_tensor(*t, codec::Axis::rows, std::span(&all, 1),
                                                    fmt::format("[shard_model] {}: {}", source, name));
@@ -185,7 +185,8 @@ std::unique_ptr<Model> shard_model(const Model& full, int rank, int ranks, std::
                                                                                            : v;
         continue;
       }
-      if (auto linear = prepare(name)) w.linear_slot(t.role, t.expert) = std::move(linear);
+      if (split == Split::by_expert && (t.expert < rt.experts.begin || t.expert >= rt.experts.end)) continue;
+      w.linear_slot(t.role, t.expert) = prepare(name);
     }
   }
   return m;
