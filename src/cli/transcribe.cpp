@@ -20,12 +20,13 @@ struct Args {
   lowbit::model::SamplerOptions sampler{.temperature = 0.0f};
   std::optional<uint64_t> seed;
   size_t threads = 0;
+  std::string device = "cpu";
 };
 
 void run(const Args& a) {
   using namespace lowbit;
   set_default_threads(a.threads);
-  const auto model = model::load_speech_model(a.model);
+  const auto model = model::load_speech_model(a.model, a.device);
   const auto tokenizer = model::load_tokenizer_for(*model->decoder, a.model, std::nullopt);
   const std::vector<float> samples = io::read_audio(a.audio, static_cast<int>(model->mel.sample_rate));
   model::SamplerOptions sampler = a.sampler;
@@ -64,6 +65,9 @@ void setup(CLI::App& root) {
   cmd->add_option("--top-p", s.top_p, "Top-p when sampling; 1 = off")->capture_default_str();
   cmd->add_option("--seed", args->seed, "Sampling seed (default: random)");
   cmd->add_option("--threads", args->threads, "Threads (default: all cores)");
+  cmd->add_option("--device", args->device, "Where the encoder and decoder run")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
   cmd->callback([args] { run(*args); });
 }
 

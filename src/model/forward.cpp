@@ -405,10 +405,10 @@ void forward(const Model& model, KvCache& cache, std::span<const int32_t> tokens
 
 void forward_embeddings(const Model& model, KvCache& cache, std::vector<float> x, int64_t pos, float* logits,
                         bool all_logits, ThreadPool& pool) {
-  if (model.device) fail(Errc::usage, "[forward] input embeddings run on the CPU; the model runs through use_device()");
   const auto m = static_cast<int64_t>(x.size()) / model.config.dim;
   if (m < 1 || m * model.config.dim != static_cast<int64_t>(x.size()))
     fail(Errc::internal, "[forward] {} input values are not whole rows of {}", x.size(), model.config.dim);
+  if (model.device) return model.device->forward_embeddings(cache, x, pos, logits, all_logits);
   const std::vector<RowPlace> rows = consecutive(cache, m, pos);
   run_layers(model, rows, x.data(), 0, model.config.n_layers, pool);
   // every row's logits, or just the last one's

@@ -22,11 +22,17 @@
 #include "lowbit/io/json.h"
 #include "lowbit/io/safetensors.h"
 #include "lowbit/model/artifact_model.h"
+#include "lowbit/model/cuda_model.h"
 #include "lowbit/model/family.h"
 #include "lowbit/model/foreign_model.h"
 #include "lowbit/model/hf.h"
 
 namespace lowbit::model {
+
+#if LOWBIT_WITH_CUDA
+// src/model/cuda/cuda_speech.cpp
+std::shared_ptr<AudioEncoderDevice> make_cuda_audio_encoder(const SpeechModel& sm);
+#endif
 
 namespace {
 
@@ -123,9 +129,6 @@ class Tensors {
     return it->second;
   }
   std::vector<float> values(const std::string& name, const Shape& shape) { return codec::decode_all(ref(name, shape)); }
-  std::unique_ptr<kernels::CpuLinear> linear(const std::string& name, const Shape& shape) {
-    return kernels::prepare_cpu(ref(name, shape));
-  }
   // Errc::format naming the first tensor no description took.
   void check_all_taken() const {
     for (const auto& [name, ref] : refs_)
@@ -168,6 +171,10 @@ std::vector<float> sinusoids(int64_t length, int64_t channels) {
 void load_encoder(SpeechModel& sm, Tensors& t, const Layout& layout) {
   const AudioEncoderConfig& a = sm.audio;
   const std::string tower(layout.tower);
+  // The tensor `name`, recorded in encoder_tensors under `key`.
+  const auto take = [&](const std::string& key, const std::string& name, const Shape& shape) {
+    return sm.encoder_tensors.insert_or_assign(key, t.ref(name, shape)).first->second;
+  };
   for (size_t i = 0; i < 3; ++i) {
     const std::string conv = fmt::format("{}conv2d{}.", tower, i + 1);
     const int64_t in = i == 0 ? 1 : a.conv_channels, out = a.conv_channels;
@@ -176,7 +183,8 @@ void load_encoder(SpeechModel& sm, Tensors& t, const Layout& layout) {
     sm.conv_bias[i] = t.values(conv + "bias", {out});
     sm.conv[i] = kernels::prepare_cpu(dense_f32_ref({out, in * 9}, sm.conv_weight[i]));
   }
-  sm.conv_out = t.linear(tower + "conv_out.weight", {a.d_model, a.conv_channels * a.conv_freq()});
+  sm.conv_out = kernels::prepare_cpu(
+      take("conv_out.weight", tower + "conv_out.weight", {a.d_model, a.conv_channels * a.conv_freq()}));
   sm.encoder.config = audio_encoder_config(a);
   sm.encoder.desc = describe_audio_encoder(a);
   sm.encoder.layers.resize(static_cast<size_t>(a.layers));
@@ -185,18 +193,20 @@ void load_encoder(SpeechModel& sm, Tensors& t, const Layout& layout) {
       const std::string name = fmt::format("{}layers.{}.{}", tower, l, spec.hf);
       LayerWeights& w = sm.encoder.layers[static_cast<size_t>(l)];
       const int64_t rows = dim_size(spec.rows, sm.encoder.config);
-      if (spec.linear())
-        w.linear_slot(spec.role) = t.linear(name, {rows, dim_size(spec.cols, sm.encoder.config)});
-      else
-        w.vectors[static_cast<size_t>(spec.role)] = t.values(name, {rows});
+      if (spec.linear()) {
+        w.linear_slot(spec.role) =
+            kernels::prepare_cpu(take(hf_tensor_name(l, spec), name, {rows, dim_size(spec.cols, sm.encoder.config)}));
+      } else {
+        w.vectors[static_cast<size_t>(spec.role)] = codec::decode_all(take(hf_tensor_name(l, spec), name, {rows}));
+      }
     }
-  sm.ln_post_weight = t.values(tower + "ln_post.weight", {a.d_model});
-  sm.ln_post_bias = t.values(tower + "ln_post.bias", {a.d_model});
+  sm.ln_post_weight = codec::decode_all(take(std::string(kFinalNormTensor), tower + "ln_post.weight", {a.d_model}));
+  sm.ln_post_bias = codec::decode_all(take(std::string(kFinalNormBiasTensor), tower + "ln_post.bias", {a.d_model}));
   const std::string proj1(layout.proj1), proj2(layout.proj2);
-  sm.proj1 = t.linear(proj1 + ".weight", {a.d_model, a.d_model});
-  sm.proj1_bias = t.values(proj1 + ".bias", {a.d_model});
-  sm.proj2 = t.linear(proj2 + ".weight", {a.output_dim, a.d_model});
-  sm.proj2_bias = t.values(proj2 + ".bias", {a.output_dim});
+  sm.proj1 = kernels::prepare_cpu(take("proj1.weight", proj1 + ".weight", {a.d_model, a.d_model}));
+  sm.proj1_bias = codec::decode_all(take("proj1.bias", proj1 + ".bias", {a.d_model}));
+  sm.proj2 = kernels::prepare_cpu(take("proj2.weight", proj2 + ".weight", {a.output_dim, a.d_model}));
+  sm.proj2_bias = codec::decode_all(take("proj2.bias", proj2 + ".bias", {a.output_dim}));
   t.check_all_taken();
   sm.positions = sinusoids(a.positions, a.d_model);
 }
@@ -214,10 +224,6 @@ int32_t token_field(const json& config, const char* key, int32_t fallback, std::
 int64_t AudioEncoderConfig::conv_tokens(int64_t frames) {
   for (int i = 0; i < 3; ++i) frames = frames > 0 ? (frames - 1) / 2 + 1 : 0;
   return frames;
-}
-
-int64_t AudioEncoderConfig::audio_tokens(int64_t frames) const {
-  return frames / chunk_frames() * conv_tokens(chunk_frames()) + conv_tokens(frames % chunk_frames());
 }
 
 AudioEncoderConfig parse_audio_encoder_config(const json& j, std::string_view source) {
@@ -288,7 +294,9 @@ SpeechCheckpoint load_qwen3_asr_checkpoint(const fs::path& dir, const LoadOption
   return out;
 }
 
-std::unique_ptr<SpeechModel> load_speech_model(const fs::path& dir) {
+std::unique_ptr<SpeechModel> load_speech_model(const fs::path& dir, std::string_view device) {
+  if (device != "cpu" && device != "cuda") fail(Errc::usage, "[--device] '{}': expected cpu or cuda", device);
+  const LoadOptions load{.cpu_only = device == "cpu"};
   const fs::path config_path = dir / "config.json";
   const std::string source = config_path.string();
   const json config = io::read_json_file(config_path, "load_speech_model", kMaxJsonBytes);
@@ -323,7 +331,8 @@ std::unique_ptr<SpeechModel> load_speech_model(const fs::path& dir) {
       if (name.starts_with(kMlxLayout.tower)) tower.emplace(name, ref);
     Tensors t(std::move(tower), source);
     load_encoder(*sm, t, kMlxLayout);
-    sm->decoder = build_foreign_model(opened, dir.string(), {.cpu_only = true});
+    sm->keep_alive.push_back(opened);
+    sm->decoder = build_foreign_model(opened, dir.string(), load);
   } else if (fs::exists(dir / "manifest.json")) {
     // A lowbit artifact quantized from a qwen3_asr checkpoint: the decoder under model.*, the tower under HF names.
     auto art = std::make_shared<artifact::Artifact>(artifact::Artifact::open(dir));
@@ -332,9 +341,10 @@ std::unique_ptr<SpeechModel> load_speech_model(const fs::path& dir) {
       if (!is_decoder_tensor_name(name)) tower.emplace(name, art->tensor(name));
     Tensors t(std::move(tower), source);
     load_encoder(*sm, t, kHfLayout);
-    sm->decoder = load_artifact_model(art, dir, {.cpu_only = true});
+    sm->keep_alive.push_back(art);
+    sm->decoder = load_artifact_model(art, dir, load);
   } else {
-    SpeechCheckpoint ckpt = load_qwen3_asr_checkpoint(dir, {.cpu_only = true});
+    SpeechCheckpoint ckpt = load_qwen3_asr_checkpoint(dir, load);
     std::map<std::string, codec::TensorRef> tower;
     for (NamedTensor& n : ckpt.tower) tower.emplace(n.name, n.ref);
     Tensors t(std::move(tower), source);
@@ -349,26 +359,46 @@ std::unique_ptr<SpeechModel> load_speech_model(const fs::path& dir) {
     const json g = io::read_json_file(gen, "load_speech_model", kMaxJsonBytes);
     if (g.contains("eos_token_id")) c.eos_ids = json_ids(g, "eos_token_id", gen.string());
   }
+  if (device == "cuda") {
+    use_device(*sm->decoder, device);  // Errc::usage in a build without CUDA
+#if LOWBIT_WITH_CUDA
+    sm->encoder_device = make_cuda_audio_encoder(*sm);
+#endif
+  }
   return sm;
+}
+
+EncoderPlan plan_encoder(const AudioEncoderConfig& a, const LogMel& mel) {
+  const int64_t chunk = a.chunk_frames();
+  if (mel.bins != a.mel_bins || mel.padded_frames % chunk != 0 || mel.frames < 1 || mel.frames > mel.padded_frames)
+    fail(Errc::shape, "[encode_audio] features [{}, {}] with {} valid frames for {} bins in chunks of {}", mel.bins,
+         mel.padded_frames, mel.frames, a.mel_bins, chunk);
+  EncoderPlan plan;
+  int64_t longest = 0;  // the most tokens of one chunk
+  for (int64_t i = 0; i < mel.padded_frames / chunk; ++i) {
+    plan.tokens.push_back(AudioEncoderConfig::conv_tokens(std::clamp<int64_t>(mel.frames - i * chunk, 0, chunk)));
+    longest = std::max(longest, plan.tokens.back());
+    plan.total += plan.tokens.back();
+  }
+  plan.window = longest * (a.n_window_infer / chunk);
+  return plan;
 }
 
 std::vector<float> encode_audio(const SpeechModel& sm, const LogMel& mel, ThreadPool& pool) {
   const AudioEncoderConfig& a = sm.audio;
-  const int64_t chunk = a.chunk_frames(), d = a.d_model, ch = a.conv_channels;
-  if (mel.bins != a.mel_bins || mel.padded_frames % chunk != 0 || mel.frames < 1 || mel.frames > mel.padded_frames)
-    fail(Errc::shape, "[encode_audio] features [{}, {}] with {} valid frames for {} bins in chunks of {}", mel.bins,
-         mel.padded_frames, mel.frames, a.mel_bins, chunk);
-  const int64_t chunks = mel.padded_frames / chunk, tokens = a.audio_tokens(mel.frames);
+  const EncoderPlan plan = plan_encoder(a, mel);
+  if (sm.encoder_device) return sm.encoder_device->encode(mel);
+  const int64_t chunk = a.chunk_frames(), d = a.d_model, ch = a.conv_channels, tokens = plan.total;
   std::vector<float> x(static_cast<size_t>(tokens * d));
-  int64_t row = 0, longest = 0;  // longest: the most tokens of one chunk
-  for (int64_t i = 0; i < chunks; ++i) {
-    const int64_t n = AudioEncoderConfig::conv_tokens(std::clamp<int64_t>(mel.frames - i * chunk, 0, chunk));
-    longest = std::max(longest, n);
+  int64_t row = 0;
+  for (size_t i = 0; i < plan.tokens.size(); ++i) {
+    const int64_t n = plan.tokens[i];
     if (n == 0) continue;
     // the chunk [bins, chunk frames] with one channel
     std::vector<float> in(static_cast<size_t>(mel.bins * chunk));
     for (int64_t b = 0; b < mel.bins; ++b)
-      std::copy_n(mel.values.data() + b * mel.padded_frames + i * chunk, chunk, in.data() + b * chunk);
+      std::copy_n(mel.values.data() + b * mel.padded_frames + static_cast<int64_t>(i) * chunk, chunk,
+                  in.data() + b * chunk);
     int64_t h = mel.bins, w = chunk, ci = 1;
     for (size_t k = 0; k < 3; ++k) {
       in = conv_gelu(in, ci, h, w, *sm.conv[k], sm.conv_bias[k], pool);
@@ -386,10 +416,8 @@ std::vector<float> encode_audio(const SpeechModel& sm, const LogMel& mel, Thread
       for (int64_t j = 0; j < d; ++j) out[t * d + j] += sm.positions[static_cast<size_t>(t * d + j)];
     row += n;
   }
-  // attention windows of n_window_infer frames' worth of the longest chunk's tokens, as get_audio_cu_seqlens
-  const int64_t window = longest * (a.n_window_infer / chunk);
-  for (int64_t start = 0; start < tokens; start += window) {
-    const int64_t n = std::min(window, tokens - start);
+  for (int64_t start = 0; start < tokens; start += plan.window) {
+    const int64_t n = std::min(plan.window, tokens - start);
     KvCache cache(sm.encoder.config, n);
     forward_layers(sm.encoder, cache, x.data() + start * d, n, 0, 0, a.layers, pool);
   }

@@ -3,6 +3,8 @@
 // Tolerances: max |lowbit - reference| over a slice within 1e-4 of the slice's largest |reference|.
 // The model is not committed: where the script has not written it under .cache (no torch: CI), it is written here
 // from the committed config files and the script's counter-based generator, the same bytes (its SHA-256 checked).
+// LOWBIT_TEST_DEVICE=cuda loads every model (and runs every transcribe command) on the GPU: the GPU check
+// (scripts/gpu_bench.sh) runs these tests so; on the CPU by default.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <sndfile.h>
@@ -38,6 +40,20 @@ using nlohmann::json;
 const fs::path kFixtures = fs::path(LOWBIT_SOURCE_DIR) / "tests/model/fixtures/qwen3_asr";
 const fs::path kCache = fs::path(LOWBIT_SOURCE_DIR) / ".cache";
 const fs::path kTokenizer = fs::path(LOWBIT_SHARED_DIR) / "tokenizers/qwen3";
+
+std::string test_device() {
+  const char* device = std::getenv("LOWBIT_TEST_DEVICE");
+  return device ? device : "cpu";
+}
+
+SpeechModel* load(const fs::path& dir) { return load_speech_model(dir, test_device()).release(); }
+
+// `lowbit transcribe args... --device <test_device()>`
+artifact::testing::CliResult transcribe_cli(std::vector<std::string> args) {
+  args.insert(args.begin(), "transcribe");
+  args.insert(args.end(), {"--device", test_device()});
+  return artifact::testing::run_cli(args);
+}
 
 json read_json(const fs::path& path) {
   std::ifstream in(path);
@@ -233,8 +249,7 @@ std::vector<float> speech() { return io::read_audio(kFixtures / expected().at("a
 class Qwen3AsrModel : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    if (model_dirs().skip.empty() && model_dirs().error.empty())
-      model_ = load_speech_model(model_dirs().model).release();
+    if (model_dirs().skip.empty() && model_dirs().error.empty()) model_ = load(model_dirs().model);
   }
   static void TearDownTestSuite() {
     delete model_;
@@ -281,7 +296,7 @@ class Qwen3AsrPhonon : public ::testing::Test {
 };
 
 TEST_F(Qwen3AsrPhonon, GreedyTokensMatchTheReference) {
-  expect_reference_greedy(*load_speech_model(model_dirs().phonon), model_dirs().phonon);
+  expect_reference_greedy(*std::unique_ptr<SpeechModel>(load(model_dirs().phonon)), model_dirs().phonon);
 }
 
 // The Phonon fixture with its decoder's linears packed two-plane (seed 000) in a storage variant, and (hybrid) the
@@ -370,7 +385,7 @@ TEST_F(Qwen3AsrPhonon, PackedDecodersMatchTheirDequantizedWeights) {
     const std::string label = fmt::format("{}-{}{}", v.storage, v.slim ? "slim" : "full", v.hybrid ? "-hybrid" : "");
     artifact::testing::TempDir tmp;
     write_packed_phonon(tmp / "packed", tmp / "dequantized", v.storage, v.slim, v.hybrid);
-    const auto packed = load_speech_model(tmp / "packed"), dequantized = load_speech_model(tmp / "dequantized");
+    const std::unique_ptr<SpeechModel> packed(load(tmp / "packed")), dequantized(load(tmp / "dequantized"));
     for (const NamedTensor& t : packed->decoder->tensors) {
       if (t.name == "model.layers.1.mlp.down_proj.weight") {
         EXPECT_EQ(t.ref.codec->id, "two_plane") << label;
@@ -385,8 +400,8 @@ TEST_F(Qwen3AsrPhonon, PackedDecodersMatchTheirDequantizedWeights) {
     const Transcript got = transcribe(*packed, *tokenizer, speech(), options, pool);
     EXPECT_EQ(got.token_ids.size(), 32u) << label;
     EXPECT_EQ(got.token_ids, transcribe(*dequantized, *tokenizer, speech(), options, pool).token_ids) << label;
-    const auto r = artifact::testing::run_cli(
-        {"transcribe", (tmp / "packed").string(), (kFixtures / "speech.wav").string(), "--json", "--max-tokens", "32"});
+    const auto r = transcribe_cli(
+        {(tmp / "packed").string(), (kFixtures / "speech.wav").string(), "--json", "--max-tokens", "32"});
     ASSERT_EQ(r.status, 0) << label << ": " << r.err;
     EXPECT_EQ(json::parse(r.out).at("token_ids").get<std::vector<int32_t>>(), got.token_ids) << label;
   }
@@ -466,8 +481,8 @@ TEST_F(Qwen3AsrModel, AudioChangesTheTranscript) {
 }
 
 TEST_F(Qwen3AsrModel, CliPrintsTheTextAndTokenIds) {
-  const auto r = artifact::testing::run_cli(
-      {"transcribe", model_dirs().model.string(), (kFixtures / "speech.wav").string(), "--json", "--max-tokens", "32"});
+  const auto r = transcribe_cli(
+      {model_dirs().model.string(), (kFixtures / "speech.wav").string(), "--json", "--max-tokens", "32"});
   ASSERT_EQ(r.status, 0) << r.err;
   const json got = json::parse(r.out);
   EXPECT_EQ(got.at("token_ids"), expected().at("auto").at("token_ids"));
@@ -490,8 +505,8 @@ TEST_F(Qwen3AsrModel, CliReadsFlacAlike) {
   ASSERT_EQ(sf_writef_float(f, samples.data(), static_cast<sf_count_t>(samples.size())),
             static_cast<sf_count_t>(samples.size()));
   sf_close(f);
-  const auto r = artifact::testing::run_cli(
-      {"transcribe", model_dirs().model.string(), (tmp / "speech.flac").string(), "--json", "--max-tokens", "32"});
+  const auto r =
+      transcribe_cli({model_dirs().model.string(), (tmp / "speech.flac").string(), "--json", "--max-tokens", "32"});
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_EQ(json::parse(r.out).at("token_ids"), expected().at("auto").at("token_ids"));
 }
@@ -523,7 +538,7 @@ TEST_F(Qwen3AsrModel, QuantizedArtifactMatchesItsDequantizedWeights) {
   for (const char* f :
        {"config.json", "preprocessor_config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"})
     fs::copy_file(model_dirs().model / f, dense / f);
-  const auto quantized = load_speech_model(art), dequantized = load_speech_model(dense);
+  const std::unique_ptr<SpeechModel> quantized(load(art)), dequantized(load(dense));
   const auto tokenizer = load_tokenizer_for(*quantized->decoder, art, std::nullopt);
   ThreadPool pool(2);
   const TranscribeOptions options{.language = std::nullopt, .max_tokens = 32};
@@ -531,8 +546,7 @@ TEST_F(Qwen3AsrModel, QuantizedArtifactMatchesItsDequantizedWeights) {
   const Transcript want = transcribe(*dequantized, *tokenizer, speech(), options, pool);
   EXPECT_EQ(got.token_ids.size(), 32u);
   EXPECT_EQ(got.token_ids, want.token_ids);
-  const auto r = artifact::testing::run_cli(
-      {"transcribe", art.string(), (kFixtures / "speech.wav").string(), "--json", "--max-tokens", "32"});
+  const auto r = transcribe_cli({art.string(), (kFixtures / "speech.wav").string(), "--json", "--max-tokens", "32"});
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_EQ(json::parse(r.out).at("token_ids").get<std::vector<int32_t>>(), want.token_ids);
 }
@@ -543,7 +557,7 @@ TEST_F(Qwen3AsrModel, CliRejectsBadAudioWithOneLine) {
   std::ofstream(tmp / "empty.wav", std::ios::binary)
       .write("RIFF\x24\0\0\0WAVEfmt \x10\0\0\0\x01\0\x01\0\x80\x3e\0\0\0\x7d\0\0\x02\0\x10\0data\0\0\0\0", 44);
   for (const char* name : {"text.wav", "empty.wav", "absent.flac"}) {
-    const auto r = artifact::testing::run_cli({"transcribe", model_dirs().model.string(), (tmp / name).string()});
+    const auto r = transcribe_cli({model_dirs().model.string(), (tmp / name).string()});
     EXPECT_EQ(r.status, std::string(name) == "absent.flac" ? 1 : 3) << name << ": " << r.err;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
     EXPECT_NE(r.err.find(name), std::string::npos) << r.err;

@@ -72,6 +72,9 @@ struct QkvArgs {
   float scale = 1.0f;
   float softcap = 0.0f;
   int64_t window = 0;
+  // false: bidirectional (an encoder's, prefill only, window 0): every row of a prefill pass sees positions 0 ..
+  // first_pos + batch - 1, its own pass's later rows included.
+  bool causal = true;
 };
 
 // The KV cache of one layer: [slots, capacity, n_kv_heads * head_dim] keys and the same for values.
@@ -109,13 +112,23 @@ void launch_decode_attention(const QkvArgs& a, const KvLayer& kv, const int32_t*
 
 // Prefill attention: out [batch, n_heads * head_dim] for `batch` rows at the consecutive positions first_pos ..
 // first_pos + batch - 1 of KV slot `slot`, row b attending causally over cache positions 0..first_pos + b (the
-// window's part of them). q is as
+// window's part of them), or over 0..first_pos + batch - 1 where the attention is not causal. q is as
 // launch_qkv_prepare left it and the cache already holds every row's key and value. Unlike the decode attention,
 // a block serves kPrefillAttentionRows rows of one head, so each key and value read from the cache serves them
 // all. head_dim <= 256.
 inline constexpr int kPrefillAttentionRows = 32;
 void launch_prefill_attention(const QkvArgs& a, const KvLayer& kv, int32_t slot, int64_t first_pos, int batch,
                               float* out, CUstream_st* stream);
+
+// The audio encoder's convolutional front end (Qwen3-ASR: three 3x3 convolutions of stride 2 and padding 1, each a
+// GEMM over the patches of its input). patches [oh * ow, ci * 9], oh = (h + 1) / 2, ow = (w + 1) / 2: row y * ow +
+// x, column i * 9 + ky * 3 + kx = in [2y + ky - 1, 2x + kx - 1, i] of `in` [h, w, ci] (channels last; 0 beyond
+// the edges).
+void launch_conv3x3s2_patches(const float* in, int64_t h, int64_t w, int64_t ci, float* patches, CUstream_st* stream);
+// rows [n, ch * f] from in [f, w, ch] (frequency, time, channel): row t is channel 0's f frequencies at time t,
+// then channel 1's, ... (t < n <= w).
+void launch_conv_time_rows(const float* in, int64_t f, int64_t w, int64_t ch, int64_t n, float* rows,
+                           CUstream_st* stream);
 
 // The MLP activation (family.h's Activation): swiglu silu(gate) * up; geglu_tanh gelu_tanh(gate) * up; gelu_erf
 // gelu(up) with no gate (erf GELU).

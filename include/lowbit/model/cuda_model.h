@@ -139,6 +139,13 @@ class CudaModel {
   // (Logits::last) or every token's [tokens.size(), vocab] (Logits::all, the LM head run on every pass; one copy
   // back per pass); waits then. Afterwards step() or set_rows() give the next inputs (decode_greedy needs them).
   void prefill(std::span<const int32_t> tokens, int64_t pos, int32_t slot, Logits which, float* logits);
+  // prefill() from input rows x [n, dim] (host memory) in place of the tokens' embeddings: a speech model's prompt
+  // with the audio features in its placeholder rows, or an encoder's inputs. A model whose config has vocab 0 (an
+  // encoder) has no embedding and no LM head (`which` must be none) and no decode step; one with bidirectional
+  // attention (AttentionSpec::causal false) takes each sequence in one pass from position 0 (n <= prefill_rows).
+  void prefill_rows(std::span<const float> x, int64_t pos, int32_t slot, Logits which, float* logits);
+  // Copies rows [row_begin, row_end) of the last prefill pass's final norm output [rows, dim] to `out`; waits.
+  void download_hidden(int64_t row_begin, int64_t row_end, float* out) const;
   // Greedy decoding on the device: `steps` steps of rows 0..batch-1, each feeding its argmax back as the next
   // token at the next position (no host round trip). Inputs as last given to step() or set_rows().
   void decode_greedy(int batch, int64_t steps);

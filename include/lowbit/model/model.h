@@ -68,6 +68,9 @@ class DeviceForward {
   virtual ~DeviceForward() = default;
   virtual void forward(KvCache& cache, std::span<const int32_t> tokens, int64_t pos, float* logits,
                        bool all_logits) = 0;
+  // forward() from input rows x [m, dim] (forward_embeddings).
+  virtual void forward_embeddings(KvCache& cache, std::span<const float> x, int64_t pos, float* logits,
+                                  bool all_logits) = 0;
 };
 
 // The collective of tensor parallelism (shard.h): every rank of a sharded model calls it at the same ops.
@@ -190,7 +193,7 @@ void forward(const Model& model, KvCache& cache, std::span<const int32_t> tokens
 std::vector<float> embed(const Model& model, std::span<const int32_t> tokens);
 
 // forward() from input rows x [m, dim] instead of tokens' embeddings: a speech model's audio features in the rows
-// of its placeholder tokens. CPU only (Errc::usage for a model on a device).
+// of its placeholder tokens (on the model's device, as forward()).
 void forward_embeddings(const Model& model, KvCache& cache, std::vector<float> x, int64_t pos, float* logits,
                         bool all_logits, ThreadPool& pool);
 

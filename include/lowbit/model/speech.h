@@ -8,12 +8,14 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "lowbit/codec/codec.h"
 #include "lowbit/model/log_mel.h"
 #include "lowbit/model/model.h"
 #include "lowbit/model/sampler.h"
@@ -37,8 +39,23 @@ struct AudioEncoderConfig {
   // Tokens after the three stride-2 convolutions of a chunk of `frames` valid frames (0 stays 0).
   static int64_t conv_tokens(int64_t frames);
   int64_t window_tokens() const { return conv_tokens(chunk_frames()) * (n_window_infer / chunk_frames()); }
-  // Audio tokens for `frames` valid mel frames: whole chunks, then the last partial one.
-  int64_t audio_tokens(int64_t frames) const;
+};
+
+// How encode_audio takes features of `mel.frames` valid frames (Errc::shape when they do not fit `a`): each chunk of
+// chunk_frames() gives tokens[i] audio tokens (0 for chunks past the valid frames), `total` in all; the encoder's
+// layers attend within windows of `window` consecutive tokens (n_window_infer frames' worth of the longest chunk's
+// tokens, as transformers' get_audio_cu_seqlens).
+struct EncoderPlan {
+  std::vector<int64_t> tokens;
+  int64_t total = 0, window = 0;
+};
+EncoderPlan plan_encoder(const AudioEncoderConfig& a, const LogMel& mel);
+
+// The audio encoder on a device (make_cuda_audio_encoder): encode_audio's work for features encode_audio checked.
+class AudioEncoderDevice {
+ public:
+  virtual ~AudioEncoderDevice() = default;
+  virtual std::vector<float> encode(const LogMel& mel) = 0;
 };
 
 // Reads config.json's audio_config (or thinker_config.audio_config): Errc::format naming `source` and the field.
@@ -59,6 +76,11 @@ struct SpeechModel {
   std::unique_ptr<kernels::CpuLinear> proj1, proj2;  // [d_model, d_model], [output_dim, d_model]
   std::vector<float> proj1_bias, proj2_bias;
   std::vector<float> positions;  // [positions, d_model] sinusoids
+  // Every encoder tensor as loaded, for a device's upload: the layers' under hf_tensor_name, ln_post under
+  // kFinalNormTensor / kFinalNormBiasTensor, and "conv_out.weight", "proj1.weight", "proj1.bias", "proj2.weight",
+  // "proj2.bias" (their storage kept alive by decoder and keep_alive).
+  std::map<std::string, codec::TensorRef> encoder_tensors;
+  std::shared_ptr<AudioEncoderDevice> encoder_device;  // null: encode_audio runs on the CPU
   int32_t audio_token = 151676, audio_start_token = 151669, audio_end_token = 151670;
   std::vector<std::shared_ptr<const void>> keep_alive;
 };
@@ -78,10 +100,12 @@ SpeechCheckpoint load_qwen3_asr_checkpoint(const std::filesystem::path& dir, con
 // config.json file the source's, the decoder's tensors under model.*), or a Phonon directory (mlx_audio's names:
 // audio_tower.* with proj1/proj2 and MLX conv layout, the text decoder as the phonon reader opens it). Any tensor
 // the description does not name, or one missing or of another shape, is Errc::format / Errc::shape naming it.
-std::unique_ptr<SpeechModel> load_speech_model(const std::filesystem::path& dir);
+// `device` "cuda" runs the encoder (its convolutions, layers and projector) and the decoder on the GPU
+// (Errc::usage in a build without CUDA); "cpu" keeps both on the CPU, holding the decoder's weights once.
+std::unique_ptr<SpeechModel> load_speech_model(const std::filesystem::path& dir, std::string_view device = "cpu");
 
-// The projected encoder output [audio_tokens(mel.frames), output_dim] for features of mel.padded_frames
-// (a multiple of the chunk).
+// The projected encoder output [plan_encoder(..).total, output_dim] for features of mel.padded_frames (a multiple
+// of the chunk), on the CPU or model.encoder_device.
 std::vector<float> encode_audio(const SpeechModel& model, const LogMel& mel, ThreadPool& pool);
 
 struct TranscribeOptions {

@@ -415,7 +415,8 @@ __global__ void __launch_bounds__(kPrefillWarps * kWarp, 3)
   const int kvh = h / (a.n_heads / a.n_kv_heads);
   const int64_t kv_dim = static_cast<int64_t>(a.n_kv_heads) * hd;
   const int64_t base = static_cast<int64_t>(slot) * kv.capacity * kv_dim + kvh * hd;
-  const int64_t end = first_pos + row0 + rows;  // the positions the block's last row attends to
+  // the positions the block's last row attends to: up to its own, or (not causal) the pass's last
+  const int64_t end = a.causal ? first_pos + row0 + rows : first_pos + batch;
   const int64_t start = window_start(a, first_pos + row0);  // the first position the block's first row sees
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   for (int r = warp; r < kPrefillAttentionRows; r += kPrefillWarps)
@@ -427,7 +428,7 @@ __global__ void __launch_bounds__(kPrefillWarps * kWarp, 3)
   float m[kPrefillRowsPerWarp], l[kPrefillRowsPerWarp], acc[kPrefillRowsPerWarp][kMaxDimsPerLane];
 #pragma unroll
   for (int r = 0; r < kPrefillRowsPerWarp; ++r) {
-    last[r] = my_row0 + r < rows ? first_pos + row0 + my_row0 + r : -1;
+    last[r] = my_row0 + r >= rows ? -1 : a.causal ? first_pos + row0 + my_row0 + r : first_pos + batch - 1;
     first[r] = window_start(a, last[r]);
     m[r] = -INFINITY;
     l[r] = 0.0f;
@@ -718,6 +719,25 @@ __global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(const float* log
   }
 }
 
+__global__ void conv3x3s2_patches_kernel(const float* in, int64_t h, int64_t w, int64_t ci, float* patches) {
+  const int64_t ow = (w + 1) / 2, k = ci * 9, total = (h + 1) / 2 * ow * k;
+  for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t row = idx / k, col = idx % k, i = col / 9, ky = col % 9 / 3, kx = col % 3;
+    const int64_t iy = 2 * (row / ow) + ky - 1, ix = 2 * (row % ow) + kx - 1;
+    patches[idx] = iy >= 0 && iy < h && ix >= 0 && ix < w ? in[(iy * w + ix) * ci + i] : 0.0f;
+  }
+}
+
+__global__ void conv_time_rows_kernel(const float* in, int64_t f, int64_t w, int64_t ch, int64_t n, float* rows) {
+  const int64_t total = n * ch * f;
+  for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t t = idx / (ch * f), c = idx / f % ch, q = idx % f;
+    rows[idx] = in[(q * w + t) * ch + c];
+  }
+}
+
 // Blocks of 256 threads for `total` elements of a grid-stride loop, at most 4096.
 unsigned elementwise_blocks(int64_t total) {
   const int64_t blocks = (total + 255) / 256;
@@ -808,6 +828,16 @@ void launch_prefill_attention(const QkvArgs& a, const KvLayer& kv, int32_t slot,
   const dim3 grid(static_cast<unsigned>(a.n_heads),
                   static_cast<unsigned>((batch + kPrefillAttentionRows - 1) / kPrefillAttentionRows));
   kernel<<<grid, kPrefillWarps * kWarp, smem, stream>>>(a, kv, slot, first_pos, batch, out);
+}
+
+void launch_conv3x3s2_patches(const float* in, int64_t h, int64_t w, int64_t ci, float* patches, CUstream_st* stream) {
+  const int64_t total = (h + 1) / 2 * ((w + 1) / 2) * ci * 9;
+  conv3x3s2_patches_kernel<<<elementwise_blocks(total), 256, 0, stream>>>(in, h, w, ci, patches);
+}
+
+void launch_conv_time_rows(const float* in, int64_t f, int64_t w, int64_t ch, int64_t n, float* rows,
+                           CUstream_st* stream) {
+  conv_time_rows_kernel<<<elementwise_blocks(n * ch * f), 256, 0, stream>>>(in, f, w, ch, n, rows);
 }
 
 void launch_activation(ActType type, const float* gate, const float* up, const float* up_bias, int64_t stride,

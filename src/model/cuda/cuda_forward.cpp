@@ -26,12 +26,7 @@ class CudaForward final : public DeviceForward {
   void forward(KvCache& cache, std::span<const int32_t> tokens, int64_t pos, float* logits,
                bool all_logits) override {
     const auto m = static_cast<int64_t>(tokens.size());
-    if (m < 1 || pos < 0 || pos + m > cache.capacity())
-      fail(Errc::limit, "[forward] positions {}..{} exceed the context of {}", pos, pos + m, cache.capacity());
-    if (&cache != cache_ && pos != 0)
-      fail(Errc::unsupported, "[forward] cuda: a new sequence must start at position 0 (one sequence at a time)");
-    cache_ = &cache;
-    if (cache.capacity() > gpu_->options().capacity) gpu_->reserve(cache.capacity());
+    follow(cache, pos, m);
     if (m > 1) {
       gpu_->prefill(tokens, pos, 0, all_logits ? CudaModel::Logits::all : CudaModel::Logits::last, logits);
       return;
@@ -41,7 +36,23 @@ class CudaForward final : public DeviceForward {
     gpu_->download_logits(0, 1, logits);
   }
 
+  void forward_embeddings(KvCache& cache, std::span<const float> x, int64_t pos, float* logits,
+                          bool all_logits) override {
+    follow(cache, pos, static_cast<int64_t>(x.size()) / gpu_->config().dim);
+    gpu_->prefill_rows(x, pos, 0, all_logits ? CudaModel::Logits::all : CudaModel::Logits::last, logits);
+  }
+
  private:
+  // Positions pos..pos+m-1 of the sequence whose host cache is `cache` (its capacity reserved on the device).
+  void follow(KvCache& cache, int64_t pos, int64_t m) {
+    if (m < 1 || pos < 0 || pos + m > cache.capacity())
+      fail(Errc::limit, "[forward] positions {}..{} exceed the context of {}", pos, pos + m, cache.capacity());
+    if (&cache != cache_ && pos != 0)
+      fail(Errc::unsupported, "[forward] cuda: a new sequence must start at position 0 (one sequence at a time)");
+    cache_ = &cache;
+    if (cache.capacity() > gpu_->options().capacity) gpu_->reserve(cache.capacity());
+  }
+
   std::unique_ptr<CudaModel> gpu_;
   const KvCache* cache_ = nullptr;
 };

@@ -188,7 +188,7 @@ void check_layer(const LayerDesc& d, const ModelDesc& desc, const ModelConfig& c
   if ((d.has(Role::q_norm) || d.has(Role::k_norm)) && d.norm == NormKind::layer)
     refuse("q/k norms of kind layer (the GPU takes RMS norms of heads)");
   const AttentionSpec& a = d.attention;
-  if (attention && !a.causal) refuse("attention that is not causal (an encoder's; the GPU runs decoders)");
+  if (attention && !a.causal && a.window > 0) refuse("bidirectional attention in a sliding window");
   const auto table = static_cast<size_t>(a.rope);
   const bool table_fits = a.rope >= 0 && table < desc.rope_inv_freq.size() &&
                           desc.rope_inv_freq[table].size() >= static_cast<size_t>(a.rope_dims / 2);
@@ -334,8 +334,10 @@ struct Rank {
   std::array<std::array<cudaGraphExec_t, 2>, kc::kMaxBatch + 1> graphs{};
   std::vector<int32_t> host_pos, host_slot;  // as last uploaded, for range checks
   int last_batch = 0;
+  int64_t last_rows = 0;       // rows of the last prefill pass (download_hidden)
   bool distinct_slots = true;  // no two rows of the last inputs share a slot
   uint64_t bytes = 0;
+  bool bidirectional = false;  // a layer's attention is not causal (an encoder): prefill only, one pass a sequence
   unsigned skipped = 0;  // StepPart bits left out (timing only)
   bool on(StepPart part) const { return !(skipped & part); }
 
@@ -514,6 +516,7 @@ struct Rank {
     a.scale = spec.scale;
     a.softcap = spec.softcap;
     a.window = spec.window;
+    a.causal = spec.causal;
     return a;
   }
 
@@ -523,6 +526,7 @@ struct Rank {
     int64_t first_pos = 0;
     int32_t slot = 0;
     Logits head = Logits::none;
+    bool rows_given = false;  // x holds the pass's input rows (prefill_rows): no embedding gather
   };
 
   // y = x @ W^T for `rows` rows: the decode matvec, or the prefill GEMM in a pass.
@@ -593,7 +597,7 @@ struct Rank {
   // A decode step (no `pass`) runs the LM head on every row.
   void enqueue(int64_t rows, const Pass* pass) {
     const int n = static_cast<int>(rows);
-    if (on(kPartNorm)) {
+    if (on(kPartNorm) && !(pass && pass->rows_given)) {
       kc::launch_embed_gather(embed.data.data(), embed.type, vocab.begin, vocab_rows(), c.dim, i(tokens),
                               desc.embed_scale, n, f(x), stream);
       if (vocab_split()) o.all_reduce(f(x), static_cast<size_t>(n) * static_cast<size_t>(c.dim), stream);
@@ -706,6 +710,10 @@ struct Rank {
   }
 
   void set_rows(std::span<const int32_t> t, std::span<const int32_t> p, std::span<const int32_t> s) {
+    if (c.vocab == 0 || bidirectional)
+      fail(Errc::unsupported,
+           "[cuda_model] decode steps of a model without a vocabulary or with bidirectional "
+           "attention (an encoder: prefill_rows)");
     const size_t n = t.size();
     if (n < 1 || n > static_cast<size_t>(o.max_batch) || p.size() != n || s.size() != n)
       fail(Errc::internal, "[cuda_model] {} tokens, {} positions, {} slots for at most {} rows", n, p.size(),
@@ -758,9 +766,13 @@ struct Rank {
     std::string why;
     if (!kc::device_available(&why)) fail(Errc::unsupported, "[cuda_model] no usable CUDA device: {}", why);
     check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
-    const std::string embed_name(kEmbedTensor), head_name(c.tied_embeddings ? kEmbedTensor : kLmHeadTensor);
-    embed = upload_embedding(require(lookup, embed_name, {vocab_rows(), c.dim}), vocab_rows(), c.dim);
-    lm_head = prepare(require(lookup, head_name, {vocab_rows(), c.dim}), head_name);
+    if (c.vocab > 0) {
+      const std::string embed_name(kEmbedTensor), head_name(c.tied_embeddings ? kEmbedTensor : kLmHeadTensor);
+      embed = upload_embedding(require(lookup, embed_name, {vocab_rows(), c.dim}), vocab_rows(), c.dim);
+      lm_head = prepare(require(lookup, head_name, {vocab_rows(), c.dim}), head_name);
+    }
+    bidirectional =
+        std::any_of(desc.layers.begin(), desc.layers.end(), [](const LayerDesc& l) { return !l.attention.causal; });
     final_norm = upload_floats(codec::decode_all(require(lookup, std::string(kFinalNormTensor), {c.dim})));
     const std::string final_bias_name(kFinalNormBiasTensor);
     if (desc.final_norm == NormKind::layer && lookup(final_bias_name))
@@ -768,7 +780,7 @@ struct Rank {
     for (int64_t l = 0; l < c.n_layers; ++l)
       layers.push_back(load_layer(lookup, c, desc.layers[static_cast<size_t>(l)], l, experts));
     for (const std::vector<float>& table : desc.rope_inv_freq) rope_tables.push_back(upload_floats(table));
-    bytes = lm_head->weight_bytes();
+    bytes = lm_head ? lm_head->weight_bytes() : 0;
     for (const Layer& w : layers) bytes += layer_bytes(w);
     allocate_activations();
     const int64_t capacity = options.capacity > 0 ? options.capacity : std::min<int64_t>(c.max_seq, 256);
@@ -782,14 +794,26 @@ struct Rank {
     kc::check_last_error("cuda_model");
   }
 
-  // CudaModel::prefill on this rank; `out` (host) may be null: the logits are computed but not copied back.
-  void prefill(std::span<const int32_t> ids, int64_t first, int32_t slot_id, Logits which, float* out) {
-    const auto n = static_cast<int64_t>(ids.size());
+  // CudaModel::prefill (`ids`) or prefill_rows (`rows_in`, [n, dim]) on this rank; `out` (host) may be null: the
+  // logits are computed but not copied back.
+  void prefill(std::span<const int32_t> ids, std::span<const float> rows_in, int64_t first, int32_t slot_id,
+               Logits which, float* out) {
+    const bool given = ids.empty();
+    const auto n = given ? static_cast<int64_t>(rows_in.size()) / c.dim : static_cast<int64_t>(ids.size());
+    if (given && static_cast<int64_t>(rows_in.size()) != n * c.dim)
+      fail(Errc::internal, "[cuda_model] {} input values are not rows of {}", rows_in.size(), c.dim);
     if (n < 1 || first < 0 || first + n > o.capacity)
       fail(Errc::limit, "[cuda_model] prefill of positions {}..{} exceeds the context of {}", first, first + n,
            o.capacity);
+    if (bidirectional && (first != 0 || n > o.prefill_rows))
+      fail(Errc::limit,
+           "[cuda_model] bidirectional attention takes a whole sequence in one pass from position 0 (at most {} "
+           "rows): {} rows from position {}",
+           o.prefill_rows, n, first);
     if (slot_id < 0 || slot_id >= o.slots)
       fail(Errc::internal, "[cuda_model] slot {} outside [0, {})", slot_id, o.slots);
+    if (c.vocab == 0 && which != Logits::none)
+      fail(Errc::internal, "[cuda_model] logits of a model without a vocabulary");
     for (const int32_t t : ids)
       if (t < 0 || t >= c.vocab) fail(Errc::limit, "[cuda_model] token {} outside [0, {})", t, c.vocab);
     const size_t row_bytes = static_cast<size_t>(c.vocab) * sizeof(float);
@@ -800,8 +824,14 @@ struct Rank {
       std::iota(positions.begin(), positions.end(), static_cast<int32_t>(first + off));
       slots.assign(static_cast<size_t>(rows), slot_id);
       const size_t bytes_in = static_cast<size_t>(rows) * sizeof(int32_t);
-      check(cudaMemcpyAsync(tokens.data(), ids.data() + off, bytes_in, cudaMemcpyHostToDevice, stream),
-            "upload tokens");
+      if (given) {
+        check(cudaMemcpyAsync(x.data(), rows_in.data() + off * c.dim, static_cast<size_t>(rows * c.dim) * sizeof(float),
+                              cudaMemcpyHostToDevice, stream),
+              "upload rows");
+      } else {
+        check(cudaMemcpyAsync(tokens.data(), ids.data() + off, bytes_in, cudaMemcpyHostToDevice, stream),
+              "upload tokens");
+      }
       check(cudaMemcpyAsync(pos.data(), positions.data(), bytes_in, cudaMemcpyHostToDevice, stream),
             "upload positions");
       check(cudaMemcpyAsync(slot.data(), slots.data(), bytes_in, cudaMemcpyHostToDevice, stream), "upload slots");
@@ -810,7 +840,8 @@ struct Rank {
                       .slot = slot_id,
                       .head = which == Logits::all ? Logits::all
                               : final_pass         ? which
-                                                   : Logits::none};
+                                                   : Logits::none,
+                      .rows_given = given};
       enqueue(rows, &pass);
       if (pass.head == Logits::none || !out) continue;
       const int64_t copied = pass.head == Logits::all ? rows : 1;
@@ -819,7 +850,8 @@ struct Rank {
             "download logits");
       synchronize();
     }
-    if (!out) synchronize();
+    synchronize();
+    last_rows = n - (n - 1) / o.prefill_rows * o.prefill_rows;
     // The device rows now hold the prefill's inputs: decoding starts from step() or set_rows().
     last_batch = 0;
     host_pos.clear();
@@ -959,7 +991,25 @@ void CudaModel::step(std::span<const int32_t> tokens, std::span<const int32_t> p
 }
 
 void CudaModel::prefill(std::span<const int32_t> tokens, int64_t pos, int32_t slot, Logits which, float* logits) {
-  impl_->each([&](Rank& r, int rank) { r.prefill(tokens, pos, slot, which, rank == 0 ? logits : nullptr); });
+  if (tokens.empty()) fail(Errc::limit, "[cuda_model] prefill of no tokens");
+  impl_->each([&](Rank& r, int rank) { r.prefill(tokens, {}, pos, slot, which, rank == 0 ? logits : nullptr); });
+}
+
+void CudaModel::prefill_rows(std::span<const float> x, int64_t pos, int32_t slot, Logits which, float* logits) {
+  if (x.empty()) fail(Errc::limit, "[cuda_model] prefill of no rows");
+  impl_->each([&](Rank& r, int rank) { r.prefill({}, x, pos, slot, which, rank == 0 ? logits : nullptr); });
+}
+
+void CudaModel::download_hidden(int64_t row_begin, int64_t row_end, float* out) const {
+  impl_->on_lead([&](const Rank& m) {
+    if (row_begin < 0 || row_begin > row_end || row_end > m.last_rows)
+      fail(Errc::internal, "[cuda_model] hidden rows {}..{} of the last pass's {}", row_begin, row_end, m.last_rows);
+    const size_t row_bytes = static_cast<size_t>(m.c.dim) * sizeof(float);
+    check(cudaMemcpyAsync(out, m.xb.as<std::byte>() + row_begin * row_bytes,
+                          static_cast<size_t>(row_end - row_begin) * row_bytes, cudaMemcpyDeviceToHost, m.stream),
+          "download hidden");
+    m.synchronize();
+  });
 }
 
 void CudaModel::decode_greedy(int batch, int64_t steps) {
