@@ -1,7 +1,7 @@
-// The seed 004 depth decoder (include/lowbit/model/depth_decoder.h). Activations are f32 arrays holding values of
-// the compute dtype; `round_to` is the one rounding each seed operation applies. Matmuls accumulate every output
-// in fp32 over the inputs in order (MLX's CPU gemm for f16/bf16, and the rule for quantized weights), vectorized
-// across outputs only, so that the sum order never changes.
+// The seed 004 depth decoder (include/lowbit/model/depth_decoder.h): the loader, and the CPU backend of the frame
+// structure in depth_decoder_impl.h. Matmuls accumulate every output in fp32 over the inputs in order (MLX's CPU
+// gemm for f16/bf16, and the rule for quantized weights), vectorized across outputs only, so that the sum order
+// never changes. src/kernels/cuda/depth_ops.cu repeats every operation here for the GPU, operation for operation.
 #include "lowbit/model/depth_decoder.h"
 
 #include <fmt/format.h>
@@ -26,19 +26,14 @@
 #include "lowbit/io/json.h"
 #include "lowbit/io/safetensors.h"
 
+#include "depth_decoder_impl.h"
+
 namespace lowbit::model {
 namespace {
 
 namespace fs = std::filesystem;
-constexpr int kSampled = kDepthLevels - 1;
 constexpr int64_t kTableRows = int64_t{kDepthLevels} * kDepthCodes;
 constexpr uint64_t kMaxQuantJson = uint64_t{1} << 24;
-
-float round_to(DType t, float x) {
-  if (t == DType::F16) return f16_to_f32(f32_to_f16(x));
-  if (t == DType::BF16) return bf16_to_f32(f32_to_bf16(x));
-  return x;
-}
 
 // MLX's CPU exp (mlx/backend/cpu/simd/math.h): Cephes' 2^x polynomial.
 float mlx_exp(float in) {
@@ -71,53 +66,6 @@ float mlx_erf(float v) {
   return v > 0 ? result : -result;
 }
 
-// A tensor of depth.safetensors as stored: dense, or affine (`.q`, `.scales`, `.biases` through quant.json).
-struct Source {
-  std::string name;
-  Shape shape;  // logical [rows, cols] (or [n])
-  TensorView dense;
-  std::optional<codec::Params> affine;
-  codec::ArrayViews arrays;
-
-  // Rows [r0, r1) as the seed holds them: a dense tensor's stored values; an affine one's s * q + b (fp32),
-  // rounded once to the scales' dtype.
-  void rows(int64_t r0, int64_t r1, float* out) const {
-    const int64_t cols = shape.back();
-    if (!affine) {
-      for (int64_t i = r0 * cols; i < r1 * cols; ++i) *out++ = load_float(dense.dtype, dense.bytes.data(), i);
-      return;
-    }
-    codec::affine::decode_rows(*affine, shape, arrays, r0, r1, out);
-    const DType sdt = arrays.at("scales").dtype;
-    for (int64_t i = 0; i < (r1 - r0) * cols; ++i) out[i] = round_to(sdt, out[i]);
-  }
-  // The seed's c(): a dense weight rounded to the compute dtype; an affine one as it dequantizes.
-  std::vector<float> weight(DType dt) const {
-    std::vector<float> v(checked_numel(shape, name));
-    rows(0, shape.size() == 1 ? 1 : shape[0], v.data());
-    if (!affine)
-      for (float& x : v) x = round_to(dt, x);
-    return v;
-  }
-};
-
-// A linear layer [n, k] in panels of kPanel outputs: panel p holds, for each input j, its kPanel weights.
-constexpr int64_t kPanel = 32;
-struct Linear {
-  int64_t n = 0, k = 0;
-  std::vector<float> panels;
-
-  static Linear from(const std::vector<float>& w, int64_t n, int64_t k, int64_t row0 = 0) {
-    Linear l{n, k, {}};
-    const int64_t np = (n + kPanel - 1) / kPanel;
-    l.panels.assign(static_cast<size_t>(np * k * kPanel), 0.0f);
-    for (int64_t r = 0; r < n; ++r)
-      for (int64_t j = 0; j < k; ++j)
-        l.panels[static_cast<size_t>(((r / kPanel) * k + j) * kPanel + r % kPanel)] = w[(row0 + r) * k + j];
-    return l;
-  }
-};
-
 // out[r] = sum over j in order of x[r, j] * panel[j], for kRows rows: products and sums are separate fp32
 // operations (no contraction into FMA, which would change the bits), vectorized across the panel's outputs only.
 #if defined(__clang__)
@@ -127,60 +75,57 @@ struct Linear {
 #endif
 template <int kRows>
 LOWBIT_NO_FP_CONTRACT inline __attribute__((always_inline)) void panel_rows(const float* x, int64_t k,
-                                                                            const float* panel, float (*out)[kPanel]) {
+                                                                            const float* panel,
+                                                                            float (*out)[kDepthPanel]) {
 #if defined(__clang__)
 #pragma clang fp contract(off)
 #endif
-  float acc[kRows][kPanel] = {};
+  float acc[kRows][kDepthPanel] = {};
   for (int64_t j = 0; j < k; ++j) {
-    const float* wj = panel + j * kPanel;
+    const float* wj = panel + j * kDepthPanel;
     for (int r = 0; r < kRows; ++r) {
       const float a = x[r * k + j];
-      for (int64_t c = 0; c < kPanel; ++c) acc[r][c] += a * wj[c];
+      for (int64_t c = 0; c < kDepthPanel; ++c) acc[r][c] += a * wj[c];
     }
   }
-  for (int r = 0; r < kRows; ++r) std::copy_n(acc[r], kPanel, out[r]);
+  for (int r = 0; r < kRows; ++r) std::copy_n(acc[r], kDepthPanel, out[r]);
 }
 
 // One clone per ISA, picked at load time.
 constexpr int kRows = 4;
 __attribute__((target_clones("avx512f", "avx2", "default"))) LOWBIT_NO_FP_CONTRACT void panel_4rows(
-    const float* x, int64_t k, const float* panel, float (*out)[kPanel]) {
+    const float* x, int64_t k, const float* panel, float (*out)[kDepthPanel]) {
   panel_rows<kRows>(x, k, panel, out);
 }
 __attribute__((target_clones("avx512f", "avx2", "default"))) LOWBIT_NO_FP_CONTRACT void panel_1row(
-    const float* x, int64_t k, const float* panel, float (*out)[kPanel]) {
+    const float* x, int64_t k, const float* panel, float (*out)[kDepthPanel]) {
   panel_rows<1>(x, k, panel, out);
 }
 
 // out[t, :] = round(x[t, :] @ w.T): each output summed over the inputs in order in fp32, then rounded once.
-void matmul(const float* x, int64_t rows, const Linear& w, DType dt, float* out) {
-  const int64_t np = (w.n + kPanel - 1) / kPanel;
+void matmul(const float* x, int64_t rows, const DepthLinear& w, DType dt, float* out) {
+  const int64_t np = (w.n + kDepthPanel - 1) / kDepthPanel;
   const size_t grain = static_cast<size_t>(std::max<int64_t>(1, 32768 / std::max<int64_t>(1, rows * w.k)));
   default_pool().parallel_for(static_cast<size_t>(np), grain, [&](size_t p0, size_t p1) {
     for (auto p = static_cast<int64_t>(p0); p < static_cast<int64_t>(p1); ++p) {
-      const float* panel = w.panels.data() + p * w.k * kPanel;
-      const int64_t width = std::min(kPanel, w.n - p * kPanel);
+      const float* panel = w.panels.data() + p * w.k * kDepthPanel;
+      const int64_t width = std::min(kDepthPanel, w.n - p * kDepthPanel);
       for (int64_t t = 0; t < rows; t += kRows) {
-        float acc[kRows][kPanel];
+        float acc[kRows][kDepthPanel];
         const int64_t block = std::min<int64_t>(kRows, rows - t);
         if (block == kRows)
           panel_4rows(x + t * w.k, w.k, panel, acc);
         else
           for (int64_t r = 0; r < block; ++r) panel_1row(x + (t + r) * w.k, w.k, panel, acc + r);
         for (int64_t r = 0; r < block; ++r)
-          for (int64_t c = 0; c < width; ++c) out[(t + r) * w.n + p * kPanel + c] = round_to(dt, acc[r][c]);
+          for (int64_t c = 0; c < width; ++c) out[(t + r) * w.n + p * kDepthPanel + c] = round_to(dt, acc[r][c]);
       }
     }
   });
 }
 
-struct Norm {
-  std::vector<float> w, b;  // values of the compute dtype, as fp32
-};
-
 // The seed's layer_norm: fp32 statistics (sums in order, biased variance), one rounding.
-void layer_norm(const float* x, int64_t rows, int64_t d, const Norm& n, DType dt, float* out) {
+void layer_norm(const float* x, int64_t rows, int64_t d, const DepthNorm& n, DType dt, float* out) {
   const auto inv = static_cast<float>(1.0 / static_cast<double>(d));  // MLX: mean = sum x fp32(1 / n)
   for (int64_t t = 0; t < rows; ++t) {
     const float* xr = x + t * d;
@@ -193,11 +138,6 @@ void layer_norm(const float* x, int64_t rows, int64_t d, const Norm& n, DType dt
     for (int64_t i = 0; i < d; ++i) out[t * d + i] = round_to(dt, (xr[i] - mean) / denom * n.w[i] + n.b[i]);
   }
 }
-
-struct Block {
-  Norm n1, n2;
-  Linear qkv, o, f1, f2;
-};
 
 [[noreturn]] void bad_tensor(Errc code, const fs::path& file, std::string_view name, std::string_view why) {
   fail(code, "[depth] {}: tensor '{}': {}", file.string(), name, why);
@@ -234,8 +174,8 @@ class Reader {
     return *s;
   }
 
-  Source take(const std::string& name, const Shape& shape) {
-    Source s{name, shape, {}, std::nullopt, {}};
+  DepthSource take(const std::string& name, const Shape& shape) {
+    DepthSource s{name, shape, {}, std::nullopt, {}};
     if (auto it = recipe_.find(name); it != recipe_.end()) {
       if (!quantizable(name))
         bad_tensor(Errc::unsupported, quant_, name, "the seed reads it dense; it cannot be quantized");
@@ -336,39 +276,73 @@ class Reader {
 
 }  // namespace
 
-struct DepthDecoder::Impl {
-  DepthOptions options;
-  std::optional<io::SafetensorsFile> file;  // the mapping code_lo and table view
-  std::deque<TensorBuffer> copies;          // and their aligned copies
-  int64_t d = 0, hidden = 0, head = 0;
-  float inv_temp = 0.0f;
-  Linear in_proj;
-  std::vector<float> level_emb;  // [32, D], compute dtype
-  Source code_lo, table;
-  std::vector<float> code_up;  // [D, R], compute dtype
-  std::array<std::array<Block, kDepthLayers>, kDepthGroups> groups;
-  Norm norm;
-  std::array<Linear, kSampled> heads;
-  std::array<Linear, kDepthLayers> cross_v, cross_o;  // cross_v: the V half of cross.i.kv
-  std::vector<float> null_mem;                        // [D], stored values
-  std::vector<float> fb_w;                            // [hidden]
-  DType fb_dtype = DType::BF16;
-  std::vector<float> cross;  // [layers, D]: o(v(memory)) per layer
-
-  // embed[level][code] = round(code_lo[level * 2048 + code] @ code_up.T) + level_emb[level + 1], both rounded.
-  void embed(int level, int32_t code, float* out) const {
-    const DType dt = options.dtype;
-    const int64_t r = code_lo.shape[1];
-    std::vector<float> lo(static_cast<size_t>(r));
-    code_lo.rows(int64_t{level} * kDepthCodes + code, int64_t{level} * kDepthCodes + code + 1, lo.data());
-    for (float& v : lo) v = round_to(dt, v);
-    for (int64_t i = 0; i < d; ++i) {
-      float acc = 0.0f;
-      for (int64_t j = 0; j < r; ++j) acc += lo[j] * code_up[i * r + j];
-      out[i] = round_to(dt, round_to(dt, acc) + level_emb[(level + 1) * d + i]);
-    }
+void DepthSource::rows(int64_t r0, int64_t r1, float* out) const {
+  const int64_t cols = shape.back();
+  if (!affine) {
+    for (int64_t i = r0 * cols; i < r1 * cols; ++i) *out++ = load_float(dense.dtype, dense.bytes.data(), i);
+    return;
   }
-};
+  codec::affine::decode_rows(*affine, shape, arrays, r0, r1, out);
+  const DType sdt = arrays.at("scales").dtype;
+  for (int64_t i = 0; i < (r1 - r0) * cols; ++i) out[i] = round_to(sdt, out[i]);
+}
+
+std::vector<float> DepthSource::weight(DType dt) const {
+  std::vector<float> v(checked_numel(shape, name));
+  rows(0, shape.size() == 1 ? 1 : shape[0], v.data());
+  if (!affine)
+    for (float& x : v) x = round_to(dt, x);
+  return v;
+}
+
+DepthLinear DepthLinear::from(const std::vector<float>& w, int64_t n, int64_t k, int64_t row0) {
+  DepthLinear l{n, k, {}};
+  const int64_t np = (n + kDepthPanel - 1) / kDepthPanel;
+  l.panels.assign(static_cast<size_t>(np * k * kDepthPanel), 0.0f);
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t j = 0; j < k; ++j)
+      l.panels[static_cast<size_t>(((r / kDepthPanel) * k + j) * kDepthPanel + r % kDepthPanel)] =
+          w[(row0 + r) * k + j];
+  return l;
+}
+
+void DepthDecoder::Impl::code_rows(int64_t r0, int64_t r1, float* lo) const {
+  code_lo.rows(r0, r1, lo);
+  for (int64_t j = 0; j < (r1 - r0) * code_lo.shape[1]; ++j) lo[j] = round_to(options.dtype, lo[j]);
+}
+
+void DepthDecoder::Impl::embed(int level, int32_t code, float* out) const {
+  const DType dt = options.dtype;
+  const int64_t r = code_lo.shape[1];
+  std::vector<float> lo(static_cast<size_t>(r));
+  const int64_t row = int64_t{level} * kDepthCodes + code;
+  code_rows(row, row + 1, lo.data());
+  for (int64_t i = 0; i < d; ++i) {
+    float acc = 0.0f;
+    for (int64_t j = 0; j < r; ++j) acc += lo[j] * code_up[i * r + j];
+    out[i] = round_to(dt, round_to(dt, acc) + level_emb[(level + 1) * d + i]);
+  }
+}
+
+std::vector<float> DepthDecoder::Impl::feedback(const std::array<int32_t, kDepthLevels>& codes) const {
+  const DType fdt = fb_dtype;
+  std::vector<float> sum(static_cast<size_t>(hidden), 0.0f), row(static_cast<size_t>(hidden));
+  for (int l = 0; l < kDepthLevels; ++l) {
+    const int64_t r = int64_t{l} * kDepthCodes + codes[l];
+    table.rows(r, r + 1, row.data());
+    for (int64_t i = 0; i < hidden; ++i) sum[i] += row[i];
+  }
+  const float fb_inv = 1.0f / static_cast<float>(std::sqrt(static_cast<double>(kDepthLevels)));
+  float sq = 0.0f;
+  for (float& v : sum) {
+    v = round_to(fdt, round_to(fdt, v) * fb_inv);
+    sq += v * v;
+  }
+  const float rs = 1.0f / std::sqrt(sq * static_cast<float>(1.0 / static_cast<double>(hidden)) + 0x1p-23f);
+  std::vector<float> out(static_cast<size_t>(hidden));
+  for (int64_t i = 0; i < hidden; ++i) out[i] = round_to(fdt, sum[i] * rs * fb_w[i]);
+  return out;
+}
 
 DepthDecoder::DepthDecoder(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 DepthDecoder::DepthDecoder(DepthDecoder&&) noexcept = default;
@@ -378,6 +352,7 @@ int64_t DepthDecoder::width() const { return impl_->d; }
 int64_t DepthDecoder::hidden() const { return impl_->hidden; }
 DType DepthDecoder::feedback_dtype() const { return impl_->fb_dtype; }
 DType DepthDecoder::dtype() const { return impl_->options.dtype; }
+bool DepthDecoder::on_cuda() const { return impl_->device != nullptr; }
 
 DepthDecoder DepthDecoder::load(const fs::path& dir, const DepthOptions& options) {
   if (options.dtype != DType::F16 && options.dtype != DType::BF16 && options.dtype != DType::F32)
@@ -385,6 +360,10 @@ DepthDecoder DepthDecoder::load(const fs::path& dir, const DepthOptions& options
   if (options.top_k < 1 || options.top_k > kDepthCodes)
     fail(Errc::usage, "[depth] top_k {} is not in [1, {}]", options.top_k, kDepthCodes);
   if (!(options.temperature > 0.0)) fail(Errc::usage, "[depth] temperature must be positive");
+#if !LOWBIT_WITH_CUDA
+  if (options.cuda)
+    fail(Errc::usage, "[depth] --device cuda: this lowbit was built without CUDA (configure with -DLOWBIT_CUDA=ON)");
+#endif
   Reader rd(dir);
   const DType dt = options.dtype;
   auto impl = std::make_unique<Impl>();
@@ -401,28 +380,29 @@ DepthDecoder DepthDecoder::load(const fs::path& dir, const DepthOptions& options
   impl->d = d;
   impl->hidden = hidden;
   impl->head = d / kDepthHeads;
+  impl->ffn = ffn;
 
   // Linears are checked in order here and converted to panels afterwards, in parallel.
   struct Pending {
-    Source source;
-    Linear* target;
+    DepthSource source;
+    DepthLinear* target;
     int64_t n, k, row0;
   };
   std::vector<Pending> pending;
-  auto linear = [&](Linear& target, const std::string& name, int64_t n, int64_t k) {
+  auto linear = [&](DepthLinear& target, const std::string& name, int64_t n, int64_t k) {
     pending.push_back({rd.take(name, {n, k}), &target, n, k, 0});
   };
   auto norm = [&](const std::string& prefix) {
-    return Norm{rd.take(prefix + ".weight", {d}).weight(dt), rd.take(prefix + ".bias", {d}).weight(dt)};
+    return DepthNorm{rd.take(prefix + ".weight", {d}).weight(dt), rd.take(prefix + ".bias", {d}).weight(dt)};
   };
   linear(impl->in_proj, "in_proj.weight", d, hidden);
   impl->level_emb = rd.take("level_emb.weight", {kDepthLevels, d}).weight(dt);
-  impl->code_lo = rd.take("code_lo.weight", {int64_t{kSampled} * kDepthCodes, rank});
+  impl->code_lo = rd.take("code_lo.weight", {int64_t{kDepthSampled} * kDepthCodes, rank});
   impl->code_up = rd.take("code_up.weight", {d, rank}).weight(dt);
   for (int g = 0; g < kDepthGroups; ++g)
     for (int li = 0; li < kDepthLayers; ++li) {
       const std::string p = fmt::format("groups.{}.{}.", g, li);
-      Block& b = impl->groups[g][li];
+      DepthBlock& b = impl->groups[g][li];
       b.n1 = norm(p + "n1");
       b.n2 = norm(p + "n2");
       linear(b.qkv, p + "qkv.weight", 3 * d, d);
@@ -431,18 +411,18 @@ DepthDecoder DepthDecoder::load(const fs::path& dir, const DepthOptions& options
       linear(b.f2, p + "f2.weight", d, ffn);
     }
   impl->norm = norm("norm");
-  for (int i = 0; i < kSampled; ++i) linear(impl->heads[i], fmt::format("heads.{}.weight", i), kDepthCodes, d);
+  for (int i = 0; i < kDepthSampled; ++i) linear(impl->heads[i], fmt::format("heads.{}.weight", i), kDepthCodes, d);
   for (int li = 0; li < kDepthLayers; ++li) {
     pending.push_back({rd.take(fmt::format("cross.{}.kv.weight", li), {2 * d, d}), &impl->cross_v[li], d, d, d});
     linear(impl->cross_o[li], fmt::format("cross.{}.o.weight", li), d, d);
   }
   const std::string null_name = rd.contains("null_mem.weight") ? "null_mem.weight" : "null_mem";
   const auto null_shape = rd.shape_of(null_name);
-  const Source null_mem = rd.take(null_name, null_shape && null_shape->size() == 2 ? Shape{1, d} : Shape{d});
+  const DepthSource null_mem = rd.take(null_name, null_shape && null_shape->size() == 2 ? Shape{1, d} : Shape{d});
   impl->null_mem.resize(static_cast<size_t>(d));
   null_mem.rows(0, 1, impl->null_mem.data());
   impl->table = rd.take("audio_in.table", {kTableRows, hidden});
-  const Source fbw = rd.take("audio_in.norm.weight", {hidden});
+  const DepthSource fbw = rd.take("audio_in.norm.weight", {hidden});
   impl->fb_dtype = fbw.dense.dtype;
   impl->fb_w.resize(static_cast<size_t>(hidden));
   fbw.rows(0, 1, impl->fb_w.data());
@@ -450,13 +430,16 @@ DepthDecoder DepthDecoder::load(const fs::path& dir, const DepthOptions& options
   default_pool().parallel_for(pending.size(), 1, [&](size_t i0, size_t i1) {
     for (size_t i = i0; i < i1; ++i) {
       const Pending& p = pending[i];
-      *p.target = Linear::from(p.source.weight(dt), p.n, p.k, p.row0);
+      *p.target = DepthLinear::from(p.source.weight(dt), p.n, p.k, p.row0);
     }
   });
   impl->file.emplace(rd.release());
   impl->copies = rd.release_copies();
   DepthDecoder model(std::move(impl));
   model.set_speaker({});
+#if LOWBIT_WITH_CUDA
+  if (options.cuda) model.impl_->device = make_cuda_depth(*model.impl_);
+#endif
   return model;
 }
 
@@ -472,6 +455,7 @@ void DepthDecoder::set_speaker(std::span<const float> memory) {
     matmul(mem.data(), 1, m.cross_v[li], dt, v.data());
     matmul(v.data(), 1, m.cross_o[li], dt, m.cross.data() + li * m.d);
   }
+  if (m.device) m.device->set_cross(m.cross);
 }
 
 namespace {
@@ -480,8 +464,7 @@ namespace {
 // scores q.k (fp32 sums, rounded), precise softmax (MLX exp, fp32 normalizer, rounded), p @ v (rounded).
 // `k` and `v` hold key j's heads at row j with stride `stride`.
 void attend(const float* q, const float* k, const float* v, int64_t stride, int64_t n, int64_t d, int64_t head,
-            DType dt, float* out) {
-  const float scale = round_to(dt, static_cast<float>(std::pow(static_cast<double>(head), -0.5)));
+            float scale, DType dt, float* out) {
   std::vector<float> s(static_cast<size_t>(n)), qs(static_cast<size_t>(head));
   for (int64_t h = 0; h < d / head; ++h) {
     for (int64_t i = 0; i < head; ++i) qs[i] = round_to(dt, scale * q[h * head + i]);
@@ -504,10 +487,6 @@ void attend(const float* q, const float* k, const float* v, int64_t stride, int6
   }
 }
 
-void add_rounded(float* x, const float* y, int64_t n, DType dt) {
-  for (int64_t i = 0; i < n; ++i) x[i] = round_to(dt, x[i] + y[i]);
-}
-
 // The seed's top-k Gumbel sampler: logits * (1/T) in fp32, the k-th largest as threshold, argmax of
 // masked - log(-log(u)) (first index on ties).
 int32_t sample(const float* logits, const float* uniform, float inv_temp, int top_k) {
@@ -520,7 +499,7 @@ int32_t sample(const float* logits, const float* uniform, float inv_temp, int to
   float best_score = 0.0f;
   for (int i = 0; i < kDepthCodes; ++i) {
     const float xm = xs[i] >= kth ? xs[i] : -std::numeric_limits<float>::infinity();
-    const float score = xm - std::log(-std::log(uniform[i]));
+    const float score = xm - gumbel_noise(uniform[i]);
     if (i == 0 || score > best_score) {
       best = i;
       best_score = score;
@@ -529,109 +508,123 @@ int32_t sample(const float* logits, const float* uniform, float inv_temp, int to
   return best;
 }
 
-}  // namespace
+// depth_frame's operations on the CPU, for one frame.
+class CpuOps {
+ public:
+  CpuOps(const DepthDecoder::Impl& m, const DepthFrameIn& in, std::array<int32_t, kDepthLevels>& codes)
+      : m_(m), in_(in), codes_(codes), dt_(m.options.dtype), scale_(m.attention_scale()) {}
 
-DepthFrameOut DepthDecoder::frame(const DepthFrameIn& in, bool want_logits) const {
-  const Impl& m = *impl_;
-  const DType dt = m.options.dtype;
-  const int64_t d = m.d;
-  const int64_t ffn = m.groups[0][0].f1.n;
-  if (static_cast<int64_t>(in.h.size()) != m.hidden || in.uniform.size() != size_t{kSampled} * kDepthCodes ||
+  const DepthLinear& in_proj() const { return m_.in_proj; }
+  const float* level_emb() const { return m_.level_emb.data(); }
+  const DepthBlock& block(int group, int layer) const { return m_.groups[group][layer]; }
+  const DepthNorm& final_norm() const { return m_.norm; }
+  const DepthLinear& head(int i) const { return m_.heads[i]; }
+  const float* cross(int layer) const { return m_.cross.data() + layer * m_.d; }
+
+  void matmul(const float* x, int64_t rows, const DepthLinear& w, float* out) const {
+    model::matmul(x, rows, w, dt_, out);
+  }
+  void layer_norm(const float* x, int64_t rows, const DepthNorm& n, float* out) const {
+    model::layer_norm(x, rows, m_.d, n, dt_, out);
+  }
+  void add(float* x, const float* y, int64_t rows, int64_t y_stride) const {
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t i = 0; i < m_.d; ++i) x[r * m_.d + i] = round_to(dt_, x[r * m_.d + i] + y[r * y_stride + i]);
+  }
+  void gelu(float* x, int64_t count) const {
+    for (int64_t i = 0; i < count; ++i) x[i] = round_to(dt_, x[i] * 0.5f * (1.0f + mlx_erf(x[i] * 0.70710677f)));
+  }
+  void attend(const float* q, int64_t q_stride, const float* k, const float* v, int64_t kv_stride, int64_t queries,
+              int64_t n, float* out) const {
+    for (int64_t i = 0; i < queries; ++i)
+      model::attend(q + i * q_stride, k, v, kv_stride, n - queries + 1 + i, m_.d, m_.head, scale_, dt_, out + i * m_.d);
+  }
+  void copy_rows(float* dst, int64_t dst_stride, const float* src, int64_t src_stride, int64_t rows,
+                 int64_t width) const {
+    for (int64_t r = 0; r < rows; ++r) std::copy_n(src + r * src_stride, width, dst + r * dst_stride);
+  }
+  void sample(int level, const float* logits) const {
+    codes_[level] =
+        model::sample(logits, in_.uniform.data() + int64_t{level - 1} * kDepthCodes, m_.inv_temp, m_.options.top_k);
+  }
+  void embed(int level, float* out) const {
+    m_.embed(level, level == 0 || in_.force.empty() ? codes_[level] : in_.force[level], out);
+  }
+
+ private:
+  const DepthDecoder::Impl& m_;
+  const DepthFrameIn& in_;
+  std::array<int32_t, kDepthLevels>& codes_;
+  DType dt_;
+  float scale_;
+};
+
+void check_frame(const DepthDecoder::Impl& m, const DepthFrameIn& in) {
+  if (static_cast<int64_t>(in.h.size()) != m.hidden || in.uniform.size() != size_t{kDepthSampled} * kDepthCodes ||
       (!in.force.empty() && in.force.size() != size_t{kDepthLevels}))
     fail(Errc::shape, "[depth] frame: h, uniform or force has the wrong length");
   auto is_code = [](int32_t c) { return c >= 0 && c < kDepthCodes; };
   if (!is_code(in.cb0) || (!in.force.empty() && !std::all_of(in.force.begin() + 1, in.force.end() - 1, is_code)))
     fail(Errc::reserved_code, "[depth] frame: cb0 or force holds a value outside [0, {})", kDepthCodes);
+}
+
+DepthFrameOut cpu_frame(const DepthDecoder::Impl& m, const DepthFrameIn& in, bool want_logits) {
   DepthFrameOut out;
-  if (want_logits) out.logits.resize(static_cast<size_t>(kSampled) * kDepthCodes);
-  // prefix[level]: the input row of each position
-  std::vector<float> prefix(static_cast<size_t>(kDepthLevels * d));
-  {
-    std::vector<float> x0(static_cast<size_t>(m.hidden));
-    for (int64_t i = 0; i < m.hidden; ++i) x0[i] = round_to(dt, bf16_to_f32(in.h[i]));
-    matmul(x0.data(), 1, m.in_proj, dt, prefix.data());
-    add_rounded(prefix.data(), m.level_emb.data(), d, dt);
-  }
-  m.embed(0, in.cb0, prefix.data() + d);
-  // kv[layer][position]: k then v, d values each
-  std::vector<float> kv(static_cast<size_t>(kDepthLayers * kDepthLevels * 2 * d));
-  auto kv_at = [&](int li, int64_t pos) { return kv.data() + (li * kDepthLevels + pos) * 2 * d; };
-  std::vector<float> x, y, qkv, a, t, f1;
-  std::vector<float> logits(kDepthCodes);
+  std::vector<float> work(static_cast<size_t>(DepthWork::floats(m.d, m.hidden, m.ffn)));
+  const DepthWork w = DepthWork::carve(work.data(), m.d, m.hidden, m.ffn);
+  depth_input(m.options.dtype, in.h, w.x0);
   out.codes[0] = in.cb0;
-  int previous = -1;
-  for (int level = 1; level < kDepthLevels; ++level) {
-    const int group = kDepthGroupOfLevel[level];
-    const int64_t n = level + 1;
-    const bool incremental = group == previous;
-    const bool reused_later = level + 1 < kDepthLevels && kDepthGroupOfLevel[level + 1] == group;
-    int64_t rows = incremental ? 1 : n;
-    x.assign(prefix.begin() + (incremental ? level * d : 0), prefix.begin() + (level + 1) * d);
-    const auto& blocks = m.groups[group];
-    y.resize(x.size());
-    layer_norm(x.data(), rows, d, blocks[0].n1, dt, y.data());
-    for (int li = 0; li < kDepthLayers; ++li) {
-      const Block& b = blocks[li];
-      qkv.resize(static_cast<size_t>(rows * 3 * d));
-      matmul(y.data(), rows, b.qkv, dt, qkv.data());
-      if (incremental) {
-        std::copy_n(qkv.data() + d, 2 * d, kv_at(li, level));
-        a.resize(static_cast<size_t>(d));
-        attend(qkv.data(), kv_at(li, 0), kv_at(li, 0) + d, 2 * d, n, d, m.head, dt, a.data());
-      } else {
-        if (reused_later)
-          for (int64_t j = 0; j < n; ++j) std::copy_n(qkv.data() + j * 3 * d + d, 2 * d, kv_at(li, j));
-        const float* keys = qkv.data() + d;
-        if (li == kDepthLayers - 1) {  // only the last position is read after the last layer
-          a.resize(static_cast<size_t>(d));
-          attend(qkv.data() + (n - 1) * 3 * d, keys, keys + d, 3 * d, n, d, m.head, dt, a.data());
-          x.erase(x.begin(), x.end() - d);
-          rows = 1;
-        } else {
-          a.resize(static_cast<size_t>(rows * d));
-          for (int64_t i = 0; i < rows; ++i)
-            attend(qkv.data() + i * 3 * d, keys, keys + d, 3 * d, i + 1, d, m.head, dt, a.data() + i * d);
-        }
-      }
-      t.resize(static_cast<size_t>(rows * d));
-      matmul(a.data(), rows, b.o, dt, t.data());
-      add_rounded(x.data(), t.data(), rows * d, dt);
-      y.resize(x.size());
-      layer_norm(x.data(), rows, d, b.n2, dt, y.data());
-      f1.resize(static_cast<size_t>(rows * ffn));
-      matmul(y.data(), rows, b.f1, dt, f1.data());
-      for (float& v : f1) v = round_to(dt, v * 0.5f * (1.0f + mlx_erf(v * 0.70710677f)));
-      matmul(f1.data(), rows, b.f2, dt, t.data());
-      add_rounded(x.data(), t.data(), rows * d, dt);
-      for (int64_t r = 0; r < rows; ++r) add_rounded(x.data() + r * d, m.cross.data() + li * d, d, dt);
-      layer_norm(x.data(), rows, d, li + 1 < kDepthLayers ? blocks[li + 1].n1 : m.norm, dt, y.data());
-    }
-    matmul(y.data() + (rows - 1) * d, 1, m.heads[level - 1], dt, logits.data());
-    if (want_logits) std::copy(logits.begin(), logits.end(), out.logits.begin() + (level - 1) * kDepthCodes);
-    const int32_t code =
-        sample(logits.data(), in.uniform.data() + (level - 1) * kDepthCodes, m.inv_temp, m.options.top_k);
-    out.codes[level] = code;
-    if (n < kDepthLevels) m.embed(level, in.force.empty() ? code : in.force[level], prefix.data() + n * d);
-    previous = group;
-  }
-  // feedback: the 32 table rows summed in fp32 (rounded), times 1/sqrt(32) (rounded), RMS-normalised
-  const DType fdt = m.fb_dtype;
-  std::vector<float> sum(static_cast<size_t>(m.hidden), 0.0f), row(static_cast<size_t>(m.hidden));
-  for (int l = 0; l < kDepthLevels; ++l) {
-    const int64_t r = int64_t{l} * kDepthCodes + out.codes[l];
-    m.table.rows(r, r + 1, row.data());
-    for (int64_t i = 0; i < m.hidden; ++i) sum[i] += row[i];
-  }
-  const float fb_inv = 1.0f / static_cast<float>(std::sqrt(static_cast<double>(kDepthLevels)));
-  float sq = 0.0f;
-  for (float& v : sum) {
-    v = round_to(fdt, round_to(fdt, v) * fb_inv);
-    sq += v * v;
-  }
-  const float rs = 1.0f / std::sqrt(sq * static_cast<float>(1.0 / static_cast<double>(m.hidden)) + 0x1p-23f);
-  out.feedback.resize(static_cast<size_t>(m.hidden));
-  for (int64_t i = 0; i < m.hidden; ++i) out.feedback[i] = round_to(fdt, sum[i] * rs * m.fb_w[i]);
+  CpuOps ops(m, in, out.codes);
+  depth_frame(ops, w, m.d, m.ffn);
+  if (want_logits) out.logits.assign(w.logits, w.logits + int64_t{kDepthSampled} * kDepthCodes);
+  out.feedback = m.feedback(out.codes);
   return out;
+}
+
+// Frames on the device, in order with two in flight: frame t + 1 is submitted (its inputs staged on the host)
+// before frame t is collected and its feedback computed, both on the host while the device runs.
+void device_frames(const DepthDecoder::Impl& m, int64_t count, bool want_logits,
+                   const std::function<DepthFrameIn(int64_t)>& in_of,
+                   const std::function<void(int64_t, const DepthFrameOut&)>& sink) {
+  auto collect = [&](int64_t t) {
+    DepthFrameOut out;
+    m.device->collect(out.codes, want_logits ? &out.logits : nullptr);
+    out.feedback = m.feedback(out.codes);
+    sink(t, out);
+  };
+  for (int64_t t = 0; t < count; ++t) {
+    const DepthFrameIn in = in_of(t);
+    check_frame(m, in);
+    m.device->submit(in, want_logits);
+    if (t > 0) collect(t - 1);
+  }
+  if (count > 0) collect(count - 1);
+}
+
+}  // namespace
+
+DepthFrameOut DepthDecoder::frame(const DepthFrameIn& in, bool want_logits) const {
+  if (!impl_->device) {
+    check_frame(*impl_, in);
+    return cpu_frame(*impl_, in, want_logits);
+  }
+  DepthFrameOut out;
+  device_frames(
+      *impl_, 1, want_logits, [&](int64_t) { return in; }, [&](int64_t, const DepthFrameOut& o) { out = o; });
+  return out;
+}
+
+void DepthDecoder::frames(int64_t count, bool want_logits, const std::function<DepthFrameIn(int64_t)>& in_of,
+                          const std::function<void(int64_t, const DepthFrameOut&)>& sink) const {
+  if (impl_->device) return device_frames(*impl_, count, want_logits, in_of, sink);
+  auto run = [&](size_t f0, size_t f1) {
+    for (auto t = static_cast<int64_t>(f0); t < static_cast<int64_t>(f1); ++t) sink(t, frame(in_of(t), want_logits));
+  };
+  // Frames are independent: with at least one per thread they run in parallel, else each matmul does.
+  if (static_cast<size_t>(count) >= default_pool().size())
+    default_pool().parallel_for(static_cast<size_t>(count), 1, run);
+  else
+    run(0, static_cast<size_t>(count));
 }
 
 namespace {
@@ -671,7 +664,7 @@ void check_codes(const fs::path& path, std::string_view name, const int32_t* cod
 
 }  // namespace
 
-void run_depth_file(DepthDecoder& model, const fs::path& in, const fs::path& out, bool logits) {
+int64_t run_depth_file(DepthDecoder& model, const fs::path& in, const fs::path& out, bool logits) {
   const auto f = io::SafetensorsFile::open(in);
   for (const auto& name : f.names())
     if (name != "h" && name != "cb0" && name != "uniform" && name != "force" && name != "speaker")
@@ -701,31 +694,25 @@ void run_depth_file(DepthDecoder& model, const fs::path& in, const fs::path& out
   model.set_speaker(speaker);
 
   const int64_t hidden = model.hidden();
-  const size_t nlog = static_cast<size_t>(kSampled) * kDepthCodes;
+  const size_t nlog = static_cast<size_t>(kDepthSampled) * kDepthCodes;
   auto codes = make_buffer(DType::I32, {frames, kDepthLevels});
   auto feedback = make_buffer(model.feedback_dtype(), {frames, hidden});
-  auto all_logits = make_buffer(model.dtype(), logits ? Shape{frames, kSampled, kDepthCodes} : Shape{0});
-  auto run = [&](size_t f0, size_t f1) {
-    for (auto t = static_cast<int64_t>(f0); t < static_cast<int64_t>(f1); ++t) {
-      const DepthFrameIn fin{{h.data() + t * hidden, static_cast<size_t>(hidden)},
-                             cb0[t],
-                             {uniform.data() + t * static_cast<int64_t>(nlog), nlog},
-                             !force.empty() ? std::span<const int32_t>(force.data() + t * kDepthLevels, kDepthLevels)
-                                            : std::span<const int32_t>{}};
-      const DepthFrameOut o = model.frame(fin, logits);
-      std::copy(o.codes.begin(), o.codes.end(), codes.as<int32_t>() + t * kDepthLevels);
-      for (int64_t i = 0; i < hidden; ++i)
-        store_float(model.feedback_dtype(), feedback.bytes.data(), t * hidden + i, o.feedback[i]);
-      for (size_t i = 0; logits && i < nlog; ++i)
-        store_float(model.dtype(), all_logits.bytes.data(), t * static_cast<int64_t>(nlog) + static_cast<int64_t>(i),
-                    o.logits[i]);
-    }
+  auto all_logits = make_buffer(model.dtype(), logits ? Shape{frames, kDepthSampled, kDepthCodes} : Shape{0});
+  auto in_of = [&](int64_t t) {
+    return DepthFrameIn{{h.data() + t * hidden, static_cast<size_t>(hidden)},
+                        cb0[t],
+                        {uniform.data() + t * static_cast<int64_t>(nlog), nlog},
+                        !force.empty() ? std::span<const int32_t>(force.data() + t * kDepthLevels, kDepthLevels)
+                                       : std::span<const int32_t>{}};
   };
-  // Frames are independent: with at least one per thread they run in parallel, else each matmul does.
-  if (static_cast<size_t>(frames) >= default_pool().size())
-    default_pool().parallel_for(static_cast<size_t>(frames), 1, run);
-  else
-    run(0, static_cast<size_t>(frames));
+  model.frames(frames, logits, in_of, [&](int64_t t, const DepthFrameOut& o) {
+    std::copy(o.codes.begin(), o.codes.end(), codes.as<int32_t>() + t * kDepthLevels);
+    for (int64_t i = 0; i < hidden; ++i)
+      store_float(model.feedback_dtype(), feedback.bytes.data(), t * hidden + i, o.feedback[i]);
+    for (size_t i = 0; logits && i < nlog; ++i)
+      store_float(model.dtype(), all_logits.bytes.data(), t * static_cast<int64_t>(nlog) + static_cast<int64_t>(i),
+                  o.logits[i]);
+  });
   std::vector<std::pair<std::string, TensorView>> tensors{{"codes", codes.view()}, {"feedback", feedback.view()}};
   if (logits) tensors.emplace_back("logits", all_logits.view());
   std::random_device rd;
@@ -744,6 +731,7 @@ void run_depth_file(DepthDecoder& model, const fs::path& in, const fs::path& out
     fs::remove(tmp, ec);
     fail(Errc::io, "[depth] {}: cannot rename the output into place", out.string());
   }
+  return frames;
 }
 
 }  // namespace lowbit::model

@@ -10,6 +10,7 @@
 #include <array>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -30,6 +31,8 @@ struct DepthOptions {
   DType dtype = DType::F16;  // compute dtype: F16, BF16 or F32
   double temperature = 0.7;  // the sampler scales logits by fp32(1 / temperature), as the seed does
   int top_k = 64;
+  // Frames on the GPU (the build's CUDA runtime; Errc::usage in a build without CUDA), bit-identical to the CPU.
+  bool cuda = false;
 };
 
 // One frame's inputs. `force` (optional, 32 codes): entry l replaces the sampled code of level l as the input of
@@ -61,23 +64,33 @@ class DepthDecoder {
   DType feedback_dtype() const;  // audio_in.norm.weight's dtype
   DType dtype() const;
 
+  bool on_cuda() const;
+
   // The cross-attention term from a speaker memory [width] (values of any float dtype), or the learned null
   // memory when `memory` is empty. Must be called before frame().
   void set_speaker(std::span<const float> memory);
+  // One frame. On the CPU any number of threads may call it; on the GPU one at a time.
   DepthFrameOut frame(const DepthFrameIn& in, bool logits) const;
+  // Frames 0 .. count - 1: in_of(t) gives frame t's inputs (its spans must stay valid until sink(t) is called),
+  // sink(t, out) takes its outputs. On the CPU frames run in parallel on the thread pool (whole frames, or each
+  // matmul when there are fewer frames than threads) and sink is called from its threads; on the GPU in order,
+  // two in flight, so that the host prepares the next frame's noise and finishes the last one's feedback while
+  // the device runs.
+  void frames(int64_t count, bool logits, const std::function<DepthFrameIn(int64_t)>& in_of,
+              const std::function<void(int64_t, const DepthFrameOut&)>& sink) const;
+
+  struct Impl;  // src/model/depth_decoder_impl.h, shared with the GPU runtime
 
  private:
-  struct Impl;
   explicit DepthDecoder(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
 
 // `lowbit depth`: reads IN (h, cb0, uniform, optional force and speaker; every tensor checked, exit 3 naming
-// it), runs every frame (in parallel on the thread pool: whole frames, or each matmul when there are fewer frames
-// than threads) and writes OUT atomically: codes [frames, 32] I32,
+// it), runs every frame (frames()) and writes OUT atomically: codes [frames, 32] I32,
 // feedback [frames, hidden] in the feedback dtype and, with `logits`, logits [frames, 31, 2048] in the compute
-// dtype.
-void run_depth_file(DepthDecoder& model, const std::filesystem::path& in, const std::filesystem::path& out,
-                    bool logits);
+// dtype. Returns the number of frames.
+int64_t run_depth_file(DepthDecoder& model, const std::filesystem::path& in, const std::filesystem::path& out,
+                       bool logits);
 
 }  // namespace lowbit::model
