@@ -27,6 +27,8 @@ step() {  # step NAME SECONDS COMMAND...: runs with a time limit, logs to $out/N
 }
 # Limits (at most 10 minutes in all) leave a device call its table; LOWBIT_BENCH_TIMEOUT overrides the bench's.
 step tests 90 "$build/test_cuda"
+# the Qwen3-ASR fixture tests (reference ids, Phonon variants, quantized artifact, CLI) with every model on the GPU
+step speech 120 env LOWBIT_TEST_DEVICE=cuda "$build/tests/test_model" --gtest_filter='Qwen3Asr*'
 grep -E "PASSED|FAILED|SKIPPED" "$out/tests.log" >&2
 if command -v compute-sanitizer >/dev/null; then
   # Small shapes only: the sanitizer slows kernels by orders of magnitude.
