@@ -298,7 +298,7 @@ GpuOps::GpuOps(const CudaDepth& g) : g_(g) {}
 const GpuLinear& GpuOps::in_proj() const { return g_.in_proj_; }
 const float* GpuOps::level_emb() const { return g_.level_emb_.as<float>(); }
 const GpuBlock& GpuOps::block(int group, int layer) const {
-  return g_.blocks_[static_cast<size_t>(group * kDepthLayers + layer)];
+  return g_.blocks_[static_cast<size_t>(group) * kDepthLayers + static_cast<size_t>(layer)];
 }
 const GpuNorm& GpuOps::final_norm() const { return g_.norm_; }
 const GpuLinear& GpuOps::head(int i) const { return g_.heads_[static_cast<size_t>(i)]; }
