@@ -24,8 +24,15 @@ constexpr GgmlTypeInfo kGgmlTypes[] = {
     {GgmlType::Q4_K, "Q4_K", 256, 144},
     {GgmlType::Q5_K, "Q5_K", 256, 176},
     {GgmlType::Q6_K, "Q6_K", 256, 210},
+    {GgmlType::IQ2_XXS, "IQ2_XXS", 256, 66},
+    {GgmlType::IQ2_XS, "IQ2_XS", 256, 74},
+    {GgmlType::IQ3_XXS, "IQ3_XXS", 256, 98},
+    {GgmlType::IQ1_S, "IQ1_S", 256, 50},
     {GgmlType::IQ4_NL, "IQ4_NL", 32, 18},
+    {GgmlType::IQ3_S, "IQ3_S", 256, 110},
+    {GgmlType::IQ2_S, "IQ2_S", 256, 82},
     {GgmlType::IQ4_XS, "IQ4_XS", 256, 136},
+    {GgmlType::IQ1_M, "IQ1_M", 256, 56},
     {GgmlType::BF16, "BF16", 1, 2},
 };
 

@@ -3,10 +3,10 @@
 // aligned to the file's alignment, not to the blocks' fields.
 #include <cstring>
 
+#include "ggml_iq_tables.h"
 #include "lowbit/core/dtype.h"
 #include "lowbit/core/error.h"
 #include "lowbit/io/gguf.h"
-#include "ggml_iq_tables.h"
 
 namespace lowbit::io {
 namespace {
@@ -220,6 +220,166 @@ void block_iq4_xs(const uint8_t* b, float* y) {
   }
 }
 
+// Byte j of a grid point: the grids hold one integer per point whose little-endian byte j is element j.
+template <class Entry>
+uint8_t grid_byte(Entry entry, int j) {
+  return static_cast<uint8_t>(entry >> (8 * j));
+}
+
+// ggml's sign rule (kmask_iq2xs): bit j of a sign byte negates element j.
+float sign_of(uint8_t signs, int j) { return (signs >> j) & 1 ? -1.f : 1.f; }
+
+uint16_t u16_at(const uint8_t* p) {
+  uint16_t v;
+  std::memcpy(&v, p, 2);
+  return v;
+}
+
+uint32_t u32_at(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// IQ2_XXS: d (f16), qs[32] (u16). Each sub-block of 32 is two u32: four 8-bit grid indices (kGridIq2xxs), then
+// four 7-bit sign indices (kSignsIq2xs) and a 4-bit scale s in the top bits; value d * (0.5 + s) * 0.25 * grid * sign.
+void block_iq2_xxs(const uint8_t* b, float* y) {
+  const float d = half_at(b);
+  const uint8_t* qs = b + 2;
+  for (int ib = 0; ib < kQKK / 32; ++ib, qs += 8) {
+    const uint32_t signs_and_scale = u32_at(qs + 4);
+    const float db = d * (0.5f + static_cast<float>(signs_and_scale >> 28)) * 0.25f;
+    for (int l = 0; l < 4; ++l, y += 8) {
+      const uint64_t grid = kGridIq2xxs[qs[l]];
+      const uint8_t signs = kSignsIq2xs[(signs_and_scale >> (7 * l)) & 127];
+      for (int j = 0; j < 8; ++j) y[j] = db * static_cast<float>(grid_byte(grid, j)) * sign_of(signs, j);
+    }
+  }
+}
+
+// IQ2_XS: d (f16), qs[32] (u16: 9-bit grid index into kGridIq2xs, 7-bit sign index), scales[8] (two 4-bit scales
+// per sub-block of 32, one per half); value d * (0.5 + s) * 0.25 * grid * sign.
+void block_iq2_xs(const uint8_t* b, float* y) {
+  const float d = half_at(b);
+  const uint8_t* qs = b + 2;
+  const uint8_t* scales = b + 66;
+  for (int ib = 0; ib < kQKK / 32; ++ib) {
+    const float db[2] = {d * (0.5f + static_cast<float>(scales[ib] & 0x0F)) * 0.25f,
+                         d * (0.5f + static_cast<float>(scales[ib] >> 4)) * 0.25f};
+    for (int l = 0; l < 4; ++l, y += 8) {
+      const uint16_t q = u16_at(qs + 2 * (4 * ib + l));
+      const uint64_t grid = kGridIq2xs[q & 511];
+      const uint8_t signs = kSignsIq2xs[q >> 9];
+      for (int j = 0; j < 8; ++j) y[j] = db[l / 2] * static_cast<float>(grid_byte(grid, j)) * sign_of(signs, j);
+    }
+  }
+}
+
+// IQ2_S: d (f16), qs[64] (32 low bytes of 10-bit grid indices into kGridIq2s, then 32 explicit sign bytes),
+// qh[8] (the indices' high 2 bits), scales[8] (as IQ2_XS).
+void block_iq2_s(const uint8_t* b, float* y) {
+  const float d = half_at(b);
+  const uint8_t* qs = b + 2;
+  const uint8_t* signs = qs + kQKK / 8;
+  const uint8_t* qh = b + 66;
+  const uint8_t* scales = b + 74;
+  for (int ib = 0; ib < kQKK / 32; ++ib, qs += 4, signs += 4) {
+    const float db[2] = {d * (0.5f + static_cast<float>(scales[ib] & 0x0F)) * 0.25f,
+                         d * (0.5f + static_cast<float>(scales[ib] >> 4)) * 0.25f};
+    for (int l = 0; l < 4; ++l, y += 8) {
+      const uint64_t grid = kGridIq2s[qs[l] | ((qh[ib] << (8 - 2 * l)) & 0x300)];
+      for (int j = 0; j < 8; ++j) y[j] = db[l / 2] * static_cast<float>(grid_byte(grid, j)) * sign_of(signs[l], j);
+    }
+  }
+}
+
+// IQ3_XXS: d (f16), qs[64] (8-bit indices into kGridIq3xxs, 4 elements each), then per sub-block of 32 a u32 of four
+// 7-bit sign indices and a 4-bit scale s in the top bits; value d * (0.5 + s) * 0.5 * grid * sign.
+void block_iq3_xxs(const uint8_t* b, float* y) {
+  const float d = half_at(b);
+  const uint8_t* qs = b + 2;
+  const uint8_t* scales_and_signs = qs + kQKK / 4;
+  for (int ib = 0; ib < kQKK / 32; ++ib, qs += 8) {
+    const uint32_t aux = u32_at(scales_and_signs + 4 * ib);
+    const float db = d * (0.5f + static_cast<float>(aux >> 28)) * 0.5f;
+    for (int l = 0; l < 4; ++l, y += 8) {
+      const uint8_t signs = kSignsIq2xs[(aux >> (7 * l)) & 127];
+      const uint32_t grid1 = kGridIq3xxs[qs[2 * l]], grid2 = kGridIq3xxs[qs[2 * l + 1]];
+      for (int j = 0; j < 4; ++j) {
+        y[j] = db * static_cast<float>(grid_byte(grid1, j)) * sign_of(signs, j);
+        y[j + 4] = db * static_cast<float>(grid_byte(grid2, j)) * sign_of(signs, j + 4);
+      }
+    }
+  }
+}
+
+// IQ3_S: d (f16), qs[64] (low bytes of 9-bit indices into kGridIq3s, 4 elements each), qh[8] (their ninth bits),
+// signs[32] (explicit), scales[4] (a 4-bit scale s per sub-block of 32); value d * (1 + 2s) * grid * sign.
+void block_iq3_s(const uint8_t* b, float* y) {
+  const float d = half_at(b);
+  const uint8_t* qs = b + 2;
+  const uint8_t* qh = b + 66;
+  const uint8_t* signs = b + 74;
+  const uint8_t* scales = b + 106;
+  for (int ib = 0; ib < kQKK / 32; ++ib, qs += 8, signs += 4) {
+    const int s = ib % 2 ? scales[ib / 2] >> 4 : scales[ib / 2] & 0x0F;
+    const float db = d * static_cast<float>(1 + 2 * s);
+    for (int l = 0; l < 4; ++l, y += 8) {
+      const uint32_t grid1 = kGridIq3s[qs[2 * l] | ((qh[ib] << (8 - 2 * l)) & 256)];
+      const uint32_t grid2 = kGridIq3s[qs[2 * l + 1] | ((qh[ib] << (7 - 2 * l)) & 256)];
+      for (int j = 0; j < 4; ++j) {
+        y[j] = db * static_cast<float>(grid_byte(grid1, j)) * sign_of(signs[l], j);
+        y[j + 4] = db * static_cast<float>(grid_byte(grid2, j)) * sign_of(signs[l], j + 4);
+      }
+    }
+  }
+}
+
+// IQ1_S and IQ1_M shift every grid value by +-1/8 (IQ1S_DELTA).
+constexpr float kIq1Delta = 0.125f;
+
+// IQ1_S: d (f16), qs[32] (low bytes of 11-bit indices into kGridIq1s), qh[8] (u16 per sub-block of 32: the
+// indices' high 3 bits, a 3-bit scale s in bits 12-14, the delta's sign in bit 15); value d * (2s + 1) *
+// (grid + delta).
+void block_iq1_s(const uint8_t* b, float* y) {
+  const float d = half_at(b);
+  const uint8_t* qs = b + 2;
+  const uint8_t* qh = b + 34;
+  for (int ib = 0; ib < kQKK / 32; ++ib, qs += 4) {
+    const uint16_t h = u16_at(qh + 2 * ib);
+    const float dl = d * static_cast<float>(2 * ((h >> 12) & 7) + 1);
+    const float delta = h & 0x8000 ? -kIq1Delta : kIq1Delta;
+    for (int l = 0; l < 4; ++l, y += 8) {
+      const uint64_t grid = kGridIq1s[qs[l] | (((h >> (3 * l)) & 7) << 8)];
+      for (int j = 0; j < 8; ++j) y[j] = dl * (static_cast<float>(static_cast<int8_t>(grid_byte(grid, j))) + delta);
+    }
+  }
+}
+
+// IQ1_M: qs[32] (low bytes of 11-bit indices into kGridIq1s), qh[16] (a nibble per group of 8: the index's high 3
+// bits and the delta's sign), scales[8] (four u16: a 3-bit scale per half sub-block, and the f16 super-block scale
+// d spread over their top nibbles); value d * (2s + 1) * (grid + delta).
+void block_iq1_m(const uint8_t* b, float* y) {
+  const uint8_t* qs = b;
+  const uint8_t* qh = b + 32;
+  uint16_t sc[4];
+  std::memcpy(sc, b + 48, 8);
+  const uint16_t d_bits =
+      static_cast<uint16_t>((sc[0] >> 12) | ((sc[1] >> 8) & 0x00F0) | ((sc[2] >> 4) & 0x0F00) | (sc[3] & 0xF000));
+  const float d = f16_to_f32(d_bits);
+  for (int ib = 0; ib < kQKK / 32; ++ib, qs += 4, qh += 2) {
+    const float dl[2] = {d * static_cast<float>(2 * ((sc[ib / 2] >> (6 * (ib % 2))) & 7) + 1),
+                         d * static_cast<float>(2 * ((sc[ib / 2] >> (6 * (ib % 2) + 3)) & 7) + 1)};
+    for (int l = 0; l < 4; ++l, y += 8) {
+      const uint8_t nibble = l % 2 ? qh[l / 2] >> 4 : qh[l / 2] & 0x0F;
+      const uint64_t grid = kGridIq1s[qs[l] | ((nibble & 7) << 8)];
+      const float delta = nibble & 8 ? -kIq1Delta : kIq1Delta;
+      for (int j = 0; j < 8; ++j)
+        y[j] = dl[l / 2] * (static_cast<float>(static_cast<int8_t>(grid_byte(grid, j))) + delta);
+    }
+  }
+}
+
 using BlockFn = void (*)(const uint8_t*, float*);
 
 BlockFn block_function(GgmlType type) {
@@ -236,6 +396,13 @@ BlockFn block_function(GgmlType type) {
     case GgmlType::Q6_K: return block_q6_k;
     case GgmlType::IQ4_NL: return block_iq4_nl;
     case GgmlType::IQ4_XS: return block_iq4_xs;
+    case GgmlType::IQ2_XXS: return block_iq2_xxs;
+    case GgmlType::IQ2_XS: return block_iq2_xs;
+    case GgmlType::IQ2_S: return block_iq2_s;
+    case GgmlType::IQ3_XXS: return block_iq3_xxs;
+    case GgmlType::IQ3_S: return block_iq3_s;
+    case GgmlType::IQ1_S: return block_iq1_s;
+    case GgmlType::IQ1_M: return block_iq1_m;
     default: return nullptr;
   }
 }

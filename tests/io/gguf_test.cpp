@@ -3,7 +3,9 @@
 // right error code and never read out of bounds.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cstring>
+#include <optional>
 #include <random>
 
 #include "lowbit/core/dtype.h"
@@ -202,6 +204,77 @@ TEST(Gguf, Iq4KnownValuesFromGgufPy) {
   EXPECT_EQ(sum(out), -5502.5);
 }
 
+// The grid types IQ2_XXS .. IQ1_M against gguf-py's dequantize the same way (blocks of bytes (i * m + a) & 0xff,
+// d set where the type has a plain f16 d; IQ1_M spreads its d over the scales' top nibbles). The values were
+// printed by quants.dequantize of the llama-cpp-python 0.3.36 sdist's gguf-py.
+TEST(Gguf, IqGridTypesKnownValuesFromGgufPy) {
+  struct Case {
+    GgmlType type;
+    int m, a;
+    std::optional<float> d;
+    std::array<float, 8> spots;  // elements 0, 1, 9, 31, 32, 100, 200, 255
+    double sum;
+  };
+  const Case cases[] = {
+      {GgmlType::IQ2_XXS,
+       37,
+       11,
+       0.5f,
+       {-29.5625f, 29.5625f, 5.5f, 17.1875f, -26.5625f, 13.5f, -4.5f, -40.3125f},
+       381.875},
+      {GgmlType::IQ2_XS,
+       53,
+       7,
+       -0.25f,
+       {0.75f, 0.75f, -2.34375f, -5.75f, 10.15625f, -1.34375f, -24.21875f, 1.25f},
+       -250.0},
+      {GgmlType::IQ2_S,
+       29,
+       3,
+       0.125f,
+       {-1.375f, 4.296875f, -1.375f, 1.625f, -0.625f, -16.796875f, 2.734375f, 0.875f},
+       23.28125},
+      {GgmlType::IQ3_XXS, 41, 5, 0.75f, {-6.75f, -2.25f, 6.75f, 11.25f, -86.25f, 255.75f, 21.75f, -63.75f}, 769.5},
+      {GgmlType::IQ3_S, 23, 9, -0.5f, {15.5f, 170.5f, 15.5f, 201.5f, 127.5f, -10.5f, -13.5f, -202.5f}, 451.0},
+      {GgmlType::IQ1_S,
+       59,
+       13,
+       0.25f,
+       {-0.65625f, 0.84375f, 0.09375f, 0.84375f, -0.09375f, 0.21875f, -0.40625f, 0.34375f},
+       -60.75},
+      {GgmlType::IQ1_M,
+       31,
+       17,
+       std::nullopt,
+       {-0.16845703125f, -0.16845703125f, 0.16845703125f, 3.53759765625f, 3.53759765625f, 0.05615234375f,
+        -3.53759765625f, 0.61767578125f},
+       83.10546875},
+  };
+  for (const Case& c : cases) {
+    const GgmlTypeInfo* info = ggml_type_info(static_cast<uint32_t>(c.type));
+    ASSERT_NE(info, nullptr);
+    ASSERT_EQ(info->block_elems, 256u) << info->name;
+    std::vector<uint8_t> block(info->block_bytes);
+    for (size_t i = 0; i < block.size(); ++i) block[i] = static_cast<uint8_t>((i * c.m + c.a) & 0xff);
+    if (c.d) {
+      const uint16_t h = f32_to_f16(*c.d);
+      std::memcpy(block.data(), &h, 2);
+    }
+    std::vector<float> out(256);
+    dequantize_ggml(c.type, std::as_bytes(std::span(block)), out);
+    const int at[] = {0, 1, 9, 31, 32, 100, 200, 255};
+    for (size_t k = 0; k < 8; ++k) EXPECT_EQ(out[at[k]], c.spots[k]) << info->name << " element " << at[k];
+    double sum = 0;
+    for (float x : out) sum += x;
+    EXPECT_EQ(sum, c.sum) << info->name;
+    // One byte short or long is refused before any read.
+    block.push_back(0);
+    EXPECT_THROW(dequantize_ggml(c.type, std::as_bytes(std::span(block)), out), Error) << info->name;
+    block.resize(block.size() - 2);
+    EXPECT_THROW(dequantize_ggml(c.type, std::as_bytes(std::span(block)), out), Error) << info->name;
+  }
+}
+
 TEST(Gguf, FloatTensorsAndMatrixShape) {
   std::vector<uint8_t> f32(6 * 4), f16(6 * 2), bf16(6 * 2);
   for (int i = 0; i < 6; ++i) {
@@ -357,8 +430,8 @@ TEST(Gguf, BadTensorsAreRejected) {
   const std::vector<uint8_t> block(34, 0);
   EXPECT_EQ(one([&](GgufBuilder& g) { g.tensor("a", {32}, GgmlType::Q8_0, block); g.tensor("a", {32}, GgmlType::Q8_0, block); }),
             Errc::duplicate);
-  // 16 is IQ2_XXS, which lowbit does not read yet.
-  EXPECT_EQ(one([&](GgufBuilder& g) { g.tensor("a", {32}, static_cast<GgmlType>(16), block); }), Errc::unsupported);
+  // 34 is TQ1_0 (ternary), which lowbit does not read.
+  EXPECT_EQ(one([&](GgufBuilder& g) { g.tensor("a", {32}, static_cast<GgmlType>(34), block); }), Errc::unsupported);
   EXPECT_EQ(one([&](GgufBuilder& g) { g.tensor("a", {16}, GgmlType::Q8_0, block); }), Errc::shape);
   EXPECT_EQ(one([&](GgufBuilder& g) { g.tensor("a", {32, 1, 1, 1, 1}, GgmlType::Q8_0, block); }), Errc::limit);
   EXPECT_EQ(one([&](GgufBuilder& g) { g.tensor("a", {0}, GgmlType::F32, {}); }), Errc::shape);

@@ -9,11 +9,13 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "io/gguf_builder.h"
 #include "lowbit/codec/codec.h"
 #include "lowbit/core/dtype.h"
 #include "lowbit/core/error.h"
+#include "lowbit/core/sha256.h"
 #include "lowbit/core/thread_pool.h"
 #include "lowbit/model/cuda_model.h"
 #include "lowbit/model/gguf_model.h"
@@ -355,6 +357,89 @@ TEST_P(GgufPacked, CpuOnlyLoadGathersGgmlRowsAndReleasesTheCopiedArrays) {
 }
 
 INSTANTIATE_TEST_SUITE_P(LlamaQuantize, GgufPacked, ::testing::Values("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL"));
+
+// tests/model/fixtures/gguf_quant/wide/: a random llama with 256-wide rows quantized by llama-quantize's mixed
+// recipes (Q4_K_M; IQ1_S, IQ1_M, IQ2_XS, IQ3_XXS, IQ4_XS with an importance matrix), with the SHA-256 of ggml's own
+// dequantization of every tensor, llama.cpp's logits on each file, and llama.cpp's logits on an f32 copy of each
+// holding ggml's dequantized values (scripts/make_gguf_quant_fixtures.sh).
+const fs::path kWideFixtures = kQuantFixtures / "wide";
+
+// Both of the largest |logit| (12.7 to 15.7 here), measured 2026-12-05 against the llama.cpp of llama-cpp-python
+// 0.3.36. On the quantized files llama.cpp rounds the activations to 8 bits per block of 256 (Q8_K) before each
+// quantized matmul, lowbit keeps them f32: 1.1% (IQ2_XS), 1.3% (IQ1_S), 1.5% (Q4_K_M), 1.7% (IQ4_XS), 1.8%
+// (IQ3_XXS), 2.1% (IQ1_M) apart, and llama.cpp's own quantized and f32 runs of the same weights differ by the
+// same amounts (to 0.01%), so that is all llama.cpp's rounding. On the f32 copies (no activation rounding; only
+// llama.cpp's f16 KV cache differs) they agree to 0.030% .. 0.039%.
+constexpr double kLlamaCppWideTolerance = 0.04;
+constexpr double kLlamaCppF32Tolerance = 2e-3;
+
+class GgufWide : public ::testing::TestWithParam<std::string> {};
+
+// Every quantized tensor dequantizes to ggml's values bit for bit (its f32 bytes hash as ggml's do), the model
+// loads and runs, and its logits are the dequantized load's, llama.cpp's on the same f32 weights and llama.cpp's
+// on the quantized file within tolerance.
+TEST_P(GgufWide, DequantizesAsGgmlAndGivesLlamaCppsLogits) {
+  const std::string type = GetParam();
+  const fs::path path = kWideFixtures / ("model." + type + ".gguf");
+  const auto file = io::GgufFile::open(path);
+  const auto digests = nlohmann::json::parse(std::ifstream(kWideFixtures / "ggml_dequant.json")).at(type);
+  size_t quantized = 0;
+  for (const io::GgufTensorInfo& t : file.header().tensors) {
+    const auto* info = io::ggml_type_info(static_cast<uint32_t>(t.type));
+    if (info->block_elems == 1) continue;  // the f32 norm gains
+    ++quantized;
+    ASSERT_TRUE(digests.contains(t.name)) << t.name;
+    EXPECT_EQ(info->name, digests.at(t.name).at("type").get<std::string>()) << t.name;
+    const auto values = file.dequantize(t);
+    EXPECT_EQ(sha256_hex(std::as_bytes(std::span(values))), digests.at(t.name).at("sha256").get<std::string>())
+        << t.name << " (" << info->name << "): not ggml's values bit for bit";
+  }
+  EXPECT_EQ(quantized, 9u);  // every matrix of the layer, the embedding and the output
+  EXPECT_EQ(quantized, digests.size());
+
+  const auto model = load_gguf_model(path);
+  const auto dense = load_gguf_model(path, {}, GgufWeights::dequantized);
+  const auto tokens = nlohmann::json::parse(std::ifstream(kWideFixtures / "llamacpp_logits.json"))
+                          .at("tokens")
+                          .get<std::vector<int32_t>>();
+  const auto got = stepwise_logits(*model, tokens);
+  const auto want = stepwise_logits(*dense, tokens);
+  const size_t vocab = static_cast<size_t>(model->config.vocab);
+  double scale = 0, max_vs_dense = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    scale = std::max(scale, std::abs(static_cast<double>(want[i])));
+    max_vs_dense = std::max(max_vs_dense, std::abs(static_cast<double>(got[i]) - want[i]));
+  }
+  ASSERT_GT(scale, 0.1);                          // the logits are not degenerate
+  EXPECT_LE(max_vs_dense, 5e-4 * scale) << type;  // packed kernels round activations (GgufPacked)
+  for (const auto& [json, tolerance] : {std::pair{"llamacpp_logits.json", kLlamaCppWideTolerance},
+                                        std::pair{"llamacpp_logits_f32.json", kLlamaCppF32Tolerance}}) {
+    const auto fixture = nlohmann::json::parse(std::ifstream(kWideFixtures / json));
+    ASSERT_EQ(fixture.at("tokens").get<std::vector<int32_t>>(), tokens) << json;
+    const auto& llama = fixture.at("models").at(type);
+    ASSERT_EQ(llama.size(), tokens.size()) << json;
+    double max_diff = 0;
+    for (size_t p = 0; p < tokens.size(); ++p)
+      for (size_t v = 0; v < vocab; ++v)
+        max_diff = std::max(max_diff, std::abs(got[p * vocab + v] - llama[p][v].get<double>()));
+    std::printf("%s %s: max |lowbit - llama.cpp| %.4g, %.3g%% of the largest logit %.4g\n", type.c_str(), json,
+                max_diff, 100 * max_diff / scale, scale);
+    EXPECT_LE(max_diff, tolerance * scale) << type << " " << json;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(LlamaQuantize, GgufWide,
+                         ::testing::Values("Q4_K_M", "IQ1_S", "IQ1_M", "IQ2_XS", "IQ3_XXS", "IQ4_XS"));
+
+// Together the wide fixtures hold every IQ type and the K-quants llama.cpp's recipes mix in.
+TEST(GgufWide, FixturesCoverEveryIqType) {
+  const auto digests = nlohmann::json::parse(std::ifstream(kWideFixtures / "ggml_dequant.json"));
+  std::set<std::string> types;
+  for (const auto& [name, tensors] : digests.items())
+    for (const auto& [tensor, row] : tensors.items()) types.insert(row.at("type").get<std::string>());
+  EXPECT_EQ(types, (std::set<std::string>{"IQ1_M", "IQ1_S", "IQ2_S", "IQ2_XS", "IQ2_XXS", "IQ3_S", "IQ3_XXS", "IQ4_XS",
+                                          "Q2_K", "Q4_K", "Q5_K", "Q6_K"}));
+}
 
 }  // namespace
 }  // namespace lowbit::model

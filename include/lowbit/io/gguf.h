@@ -4,8 +4,9 @@
 // 32), then the tensor data. Every count, length and dimension is bounded, all size arithmetic is checked,
 // every tensor lies inside the file, aligned, without overlapping another.
 //
-// Tensors of types F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS
-// dequantize to f32 exactly as ggml's dequantize_row_* define them.
+// Tensors of types F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and the IQ types
+// (IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ4_NL, IQ4_XS) dequantize to f32 exactly as ggml's
+// dequantize_row_* define them (the IQ grids are ggml's tables, src/io/ggml_iq_tables.h).
 #pragma once
 
 #include <cstdint>
@@ -48,7 +49,8 @@ struct GgufValue {
 // ggml tensor types lowbit reads (the numbering of ggml.h).
 enum class GgmlType : uint32_t {
   F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q2_K = 10, Q3_K = 11, Q4_K = 12,
-  Q5_K = 13, Q6_K = 14, IQ4_NL = 20, IQ4_XS = 23, BF16 = 30,
+  Q5_K = 13, Q6_K = 14, IQ2_XXS = 16, IQ2_XS = 17, IQ3_XXS = 18, IQ1_S = 19, IQ4_NL = 20, IQ3_S = 21, IQ2_S = 22,
+  IQ4_XS = 23, IQ1_M = 29, BF16 = 30,
 };
 
 struct GgmlTypeInfo {
