@@ -73,6 +73,15 @@ put("fuzz_gguf", "gpt2_vocab.gguf", gguf([("tokenizer.ggml.model", kv_str("gpt2"
 put("fuzz_gguf", "q8_tensor.gguf", gguf([("general.architecture", kv_str("llama"))],
                                         [("t", [32], 8, struct.pack("<e", 0.5) + bytes(range(32)))]))
 
+# One 2 x 256 matrix of each super-block type (K-quants and IQ types: ggml type id, bytes per block of 256), filled
+# with a fixed byte pattern whose f16 fields read as small finite numbers, so the fuzzer starts inside every
+# dequantizer's grid and scale decoding and the packed (affine) re-expression of Q4_K / Q5_K.
+super_blocks = {10: 84, 11: 110, 12: 144, 13: 176, 14: 210, 16: 66, 17: 74, 18: 98, 19: 50, 21: 110, 22: 82, 23: 136,
+                29: 56}
+put("fuzz_gguf", "super_blocks.gguf", gguf([("general.architecture", kv_str("llama"))],
+                                           [("t%d" % t, [256, 2], t, bytes((i * 37 + t) % 60 for i in range(2 * n)))
+                                            for t, n in super_blocks.items()]))
+
 
 def safetensors(entries, metadata=None):
     header, data = {}, b""

@@ -125,6 +125,15 @@ std::unique_ptr<Tokenizer> llama_tokenizer(const io::GgufFile& f, const std::vec
   return make_sentencepiece(pieces, bos, end_ids(f, tokens, types), add_bos, f.source(), add_space_prefix);
 }
 
+// Adds a packed tensor under its Hugging Face name, validated like any stored tensor.
+void add_packed(ModelBuilder& b, const std::string& name, const Shape& shape, PackedGgufTensor packed,
+                const std::string& context) {
+  auto owned = std::make_shared<codec::EncodedTensor>(std::move(packed.tensor));
+  codec::TensorRef ref{packed.codec, owned->params, shape, owned->views()};
+  codec::validate_tensor(ref, context);
+  b.add(name, std::move(ref), std::move(owned));
+}
+
 }  // namespace
 
 bool is_gguf_file(const std::filesystem::path& path) {
@@ -157,34 +166,52 @@ std::unique_ptr<Model> load_gguf_model(const std::filesystem::path& path, const 
     if (it == names.end())
       fail(Errc::format, "[gguf] {}: tensor '{}' has no place in a {} model of {} layers (block_count)", file.source(),
            t.name, c.arch, c.n_layers);
-    // Gains stored as 1 + w (unit_offset_gain) are shifted back in f32 and merged expert tensors sliced in f32;
-    // everything else keeps its packed form.
+    // Gains stored as 1 + w (unit_offset_gain) are shifted back in f32; everything else keeps its packed form
+    // where its type has one (gguf_tensors.h), merged expert tensors one matrix per expert.
     const bool single = it->second.hf.size() == 1;
     auto packed = weights == GgufWeights::packed && !it->second.unit_offset_gain && single
                       ? gguf_packed_tensor(file, t)
                       : std::nullopt;
     if (packed) {
       file.release_pages(t);
-      auto owned = std::make_shared<codec::EncodedTensor>(std::move(packed->tensor));
-      codec::TensorRef ref{packed->codec, owned->params, t.shape(), owned->views()};
-      codec::validate_tensor(ref, fmt::format("[gguf] {}: tensor '{}'", file.source(), t.name));
-      b.add(it->second.hf[0], std::move(ref), std::move(owned));
+      add_packed(b, it->second.hf[0], t.shape(), std::move(*packed),
+                 fmt::format("[gguf] {}: tensor '{}'", file.source(), t.name));
       continue;
     }
-    std::vector<float> values = file.dequantize(t);
-    file.release_pages(t);
-    if (it->second.unit_offset_gain)
-      for (float& v : values) v -= 1.0f;
     if (single) {
+      std::vector<float> values = file.dequantize(t);
+      file.release_pages(t);
+      if (it->second.unit_offset_gain)
+        for (float& v : values) v -= 1.0f;
       b.add_f32(it->second.hf[0], t.shape(), std::move(values));
       continue;
     }
-    // A merged expert tensor: one [rows, cols] slice per expert (every GGUF type's rows are independent).
+    // A merged expert tensor: one [rows, cols] matrix per expert, each expert's blocks contiguous (every GGUF
+    // type's rows are independent), packed like a single matrix where its type allows.
     const Shape shape = t.shape();
     const std::vector<std::string>& experts = it->second.hf;
     if (shape.size() != 3 || shape[0] != static_cast<int64_t>(experts.size()))
       fail(Errc::shape, "[gguf] {}: tensor '{}' has shape {}, expected [{}, rows, cols]", file.source(), t.name,
            shape_str(shape), experts.size());
+    if (weights == GgufWeights::packed) {
+      const auto all = file.tensor_bytes(t);
+      const size_t expert_bytes = all.size() / experts.size();
+      std::vector<PackedGgufTensor> parts;
+      for (size_t e = 0; e < experts.size(); ++e) {
+        auto part = gguf_packed_matrix(t.type, all.subspan(e * expert_bytes, expert_bytes), {shape[1], shape[2]});
+        if (!part) break;  // the type has no packed form: none of the experts has
+        parts.push_back(std::move(*part));
+      }
+      if (parts.size() == experts.size()) {
+        file.release_pages(t);
+        for (size_t e = 0; e < experts.size(); ++e)
+          add_packed(b, experts[e], {shape[1], shape[2]}, std::move(parts[e]),
+                     fmt::format("[gguf] {}: tensor '{}' expert {}", file.source(), t.name, e));
+        continue;
+      }
+    }
+    std::vector<float> values = file.dequantize(t);
+    file.release_pages(t);
     const auto per_expert = static_cast<size_t>(shape[1] * shape[2]);
     for (size_t e = 0; e < experts.size(); ++e)
       b.add_f32(experts[e], {shape[1], shape[2]},

@@ -1,25 +1,18 @@
 #include "lowbit/model/gguf_tensors.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
 #include "lowbit/codec/affine.h"
+#include "lowbit/core/checked.h"
 #include "lowbit/core/dtype.h"
+#include "lowbit/core/error.h"
 
 namespace lowbit::model {
 namespace {
 
-constexpr int kBlock = 32;  // elements of a Q4_0 .. Q8_0 block
-
-// One ggml 32-element block type as affine: where d (and m) sit, the unsigned codes, the offset o of
-// value (q - o) * d (0 for the types with a stored min m).
-struct BlockAffine {
-  io::GgmlType type;
-  int bits;
-  int offset;       // o: bias = -o * d
-  bool has_min;     // Q4_1, Q5_1: bias = m (f16 after d)
-  void (*codes)(const uint8_t* block, uint8_t* q);  // the 32 unsigned codes of a block
-};
+constexpr int kGroup = 32;  // elements per affine group: a Q4_0 .. Q8_0 block, a Q4_K / Q5_K sub-block
 
 uint16_t u16_at(const uint8_t* p) {
   uint16_t v;
@@ -29,9 +22,9 @@ uint16_t u16_at(const uint8_t* p) {
 
 // Q4_0 / Q4_1: element j is the low nibble of qs[j], element j+16 the high nibble.
 void nibble_codes(const uint8_t* qs, uint8_t* q) {
-  for (int j = 0; j < kBlock / 2; ++j) {
+  for (int j = 0; j < kGroup / 2; ++j) {
     q[j] = qs[j] & 0x0F;
-    q[j + kBlock / 2] = qs[j] >> 4;
+    q[j + kGroup / 2] = qs[j] >> 4;
   }
 }
 // Q5_0 / Q5_1: the nibbles plus a fifth bit, bit j of the little-endian u32 qh for element j.
@@ -39,21 +32,86 @@ void fifth_bit_codes(const uint8_t* qh_bytes, uint8_t* q) {
   uint32_t qh;
   std::memcpy(&qh, qh_bytes, 4);
   nibble_codes(qh_bytes + 4, q);
-  for (int j = 0; j < kBlock; ++j) q[j] |= static_cast<uint8_t>(((qh >> j) & 1u) << 4);
+  for (int j = 0; j < kGroup; ++j) q[j] |= static_cast<uint8_t>(((qh >> j) & 1u) << 4);
 }
 
-void q4_0_codes(const uint8_t* b, uint8_t* q) { nibble_codes(b + 2, q); }
-void q4_1_codes(const uint8_t* b, uint8_t* q) { nibble_codes(b + 4, q); }
-void q5_0_codes(const uint8_t* b, uint8_t* q) { fifth_bit_codes(b + 2, q); }
-void q5_1_codes(const uint8_t* b, uint8_t* q) { fifth_bit_codes(b + 4, q); }
-void q8_0_codes(const uint8_t* b, uint8_t* q) {
-  for (int j = 0; j < kBlock; ++j) q[j] = static_cast<uint8_t>(static_cast<int8_t>(b[2 + j]) + 128);
+// One ggml block as affine groups: its codes (unsigned, groups * 32) and each group's scale and bias, in f32.
+using UnpackFn = void (*)(const uint8_t* block, uint8_t* q, float* scale, float* bias);
+
+// The 32-element types: value (q - o) d, or q d + m for the types with a stored min.
+template <int kOffset>
+void offset_scale(const uint8_t* b, float* scale, float* bias) {
+  *scale = f16_to_f32(u16_at(b));
+  *bias = -static_cast<float>(kOffset) * *scale;
 }
+void min_scale(const uint8_t* b, float* scale, float* bias) {
+  *scale = f16_to_f32(u16_at(b));
+  *bias = f16_to_f32(u16_at(b + 2));
+}
+void unpack_q4_0(const uint8_t* b, uint8_t* q, float* s, float* m) {
+  offset_scale<8>(b, s, m);
+  nibble_codes(b + 2, q);
+}
+void unpack_q4_1(const uint8_t* b, uint8_t* q, float* s, float* m) {
+  min_scale(b, s, m);
+  nibble_codes(b + 4, q);
+}
+void unpack_q5_0(const uint8_t* b, uint8_t* q, float* s, float* m) {
+  offset_scale<16>(b, s, m);
+  fifth_bit_codes(b + 2, q);
+}
+void unpack_q5_1(const uint8_t* b, uint8_t* q, float* s, float* m) {
+  min_scale(b, s, m);
+  fifth_bit_codes(b + 4, q);
+}
+void unpack_q8_0(const uint8_t* b, uint8_t* q, float* s, float* m) {
+  offset_scale<128>(b, s, m);
+  for (int j = 0; j < kGroup; ++j) q[j] = static_cast<uint8_t>(static_cast<int8_t>(b[2 + j]) + 128);
+}
+
+// Q4_K / Q5_K super-blocks: d, dmin (f16), 12 bytes of eight 6-bit (scale, min) pairs, [Q5_K: qh[32]], qs[128];
+// sub-block j of 32 has value d sc_j q - dmin m_j. d sc_j (at most 17 significant bits) and dmin m_j are exact in
+// f32, as is d sc_j q (at most 22 bits), so scale d sc_j and bias -dmin m_j give ggml's values bit for bit.
+void k_scales(const uint8_t* b, float* scale, float* bias) {
+  const float d = f16_to_f32(u16_at(b)), dmin = f16_to_f32(u16_at(b + 2));
+  const uint8_t* p = b + 4;
+  for (int j = 0; j < 8; ++j) {
+    const int sc = j < 4 ? p[j] & 63 : (p[j + 4] & 0x0F) | ((p[j - 4] >> 6) << 4);
+    const int m = j < 4 ? p[j + 4] & 63 : (p[j + 4] >> 4) | ((p[j] >> 6) << 4);
+    scale[j] = d * static_cast<float>(sc);
+    bias[j] = -(dmin * static_cast<float>(m));
+  }
+}
+// Sub-blocks 2i and 2i + 1 are the low and high nibbles of qs[32 i .. 32 i + 31]; Q5_K's fifth bit of sub-block j
+// is bit j of qh[l] for element l.
+void unpack_q4_k(const uint8_t* b, uint8_t* q, float* s, float* m) {
+  k_scales(b, s, m);
+  for (int i = 0; i < 4; ++i)
+    for (int l = 0; l < 32; ++l) {
+      q[64 * i + l] = b[16 + 32 * i + l] & 0x0F;
+      q[64 * i + 32 + l] = b[16 + 32 * i + l] >> 4;
+    }
+}
+void unpack_q5_k(const uint8_t* b, uint8_t* q, float* s, float* m) {
+  k_scales(b, s, m);
+  const uint8_t *qh = b + 16, *qs = b + 48;
+  for (int i = 0; i < 4; ++i)
+    for (int l = 0; l < 32; ++l) {
+      q[64 * i + l] = static_cast<uint8_t>((qs[32 * i + l] & 0x0F) | ((qh[l] >> (2 * i)) & 1) << 4);
+      q[64 * i + 32 + l] = static_cast<uint8_t>((qs[32 * i + l] >> 4) | ((qh[l] >> (2 * i + 1)) & 1) << 4);
+    }
+}
+
+struct BlockAffine {
+  io::GgmlType type;
+  int bits;
+  UnpackFn unpack;
+};
 
 constexpr BlockAffine kBlockAffine[] = {
-    {io::GgmlType::Q4_0, 4, 8, false, q4_0_codes},   {io::GgmlType::Q4_1, 4, 0, true, q4_1_codes},
-    {io::GgmlType::Q5_0, 5, 16, false, q5_0_codes},  {io::GgmlType::Q5_1, 5, 0, true, q5_1_codes},
-    {io::GgmlType::Q8_0, 8, 128, false, q8_0_codes},
+    {io::GgmlType::Q4_0, 4, unpack_q4_0}, {io::GgmlType::Q4_1, 4, unpack_q4_1}, {io::GgmlType::Q5_0, 5, unpack_q5_0},
+    {io::GgmlType::Q5_1, 5, unpack_q5_1}, {io::GgmlType::Q8_0, 8, unpack_q8_0}, {io::GgmlType::Q4_K, 4, unpack_q4_k},
+    {io::GgmlType::Q5_K, 5, unpack_q5_k},
 };
 
 const BlockAffine* block_affine(io::GgmlType type) {
@@ -62,11 +120,11 @@ const BlockAffine* block_affine(io::GgmlType type) {
   return nullptr;
 }
 
-// 32 codes of `bits` bits -> `bits` words of the affine LSB-first stream (a block fills whole words).
-void pack_block(const uint8_t* q, int bits, uint32_t* words) {
+// 32 codes of `bits` bits -> `bits` words of the affine LSB-first stream (a group fills whole words).
+void pack_group(const uint8_t* q, int bits, uint32_t* words) {
   uint64_t acc = 0;
   int filled = 0;
-  for (int j = 0; j < kBlock; ++j) {
+  for (int j = 0; j < kGroup; ++j) {
     acc |= static_cast<uint64_t>(q[j]) << filled;
     filled += bits;
     if (filled >= 32) {
@@ -77,35 +135,36 @@ void pack_block(const uint8_t* q, int bits, uint32_t* words) {
   }
 }
 
+bool exact_in_f16(float v) { return f16_to_f32(f32_to_f16(v)) == v; }
+
 PackedGgufTensor affine_from_blocks(const BlockAffine& t, std::span<const std::byte> bytes, const Shape& shape,
-                                    uint32_t block_bytes) {
-  const int64_t rows = shape[0], cols = shape[1], blocks = rows * (cols / kBlock);
+                                    const io::GgmlTypeInfo& info) {
+  const int64_t rows = shape[0], cols = shape[1], groups = rows * (cols / kGroup);
+  const int per_block = static_cast<int>(info.block_elems) / kGroup;
   auto codes = make_buffer(DType::U32, {rows, cols * t.bits / 32});
-  std::vector<float> scales(static_cast<size_t>(blocks)), biases(static_cast<size_t>(blocks));
+  std::vector<float> scales(static_cast<size_t>(groups)), biases(static_cast<size_t>(groups));
   const auto* p = reinterpret_cast<const uint8_t*>(bytes.data());
   uint32_t* words = codes.as<uint32_t>();
-  bool f16_exact = true;
-  uint8_t q[kBlock];
-  for (int64_t i = 0; i < blocks; ++i, p += block_bytes, words += t.bits) {
-    t.codes(p, q);
-    pack_block(q, t.bits, words);
-    const float d = f16_to_f32(u16_at(p));
-    scales[i] = d;
-    biases[i] = t.has_min ? f16_to_f32(u16_at(p + 2)) : -static_cast<float>(t.offset) * d;
-    // -o*d is exact in f32; in f16 only while it does not overflow (NaN/inf compare unequal and are then
-    // refused as non-finite by the codec's content check).
-    if (!t.has_min && f16_to_f32(f32_to_f16(biases[i])) != biases[i]) f16_exact = false;
+  uint8_t q[256];
+  for (int64_t g = 0; g < groups; g += per_block, p += info.block_bytes) {
+    t.unpack(p, q, scales.data() + g, biases.data() + g);
+    for (int j = 0; j < per_block; ++j, words += t.bits) pack_group(q + j * kGroup, t.bits, words);
   }
+  // f16 metadata where every scale and bias is exact in it (the 32-element types: -o d is a power-of-two multiple
+  // of an f16 unless it overflows), else f32 (the K types' products d sc_j, dmin m_j). NaN/inf compare unequal and
+  // are then refused as non-finite by the codec's content check.
+  const bool f16_exact = std::all_of(scales.begin(), scales.end(), exact_in_f16) &&
+                         std::all_of(biases.begin(), biases.end(), exact_in_f16);
   const DType scale_dtype = f16_exact ? DType::F16 : DType::F32;
   auto to_buffer = [&](const std::vector<float>& v) {
-    auto buf = make_buffer(scale_dtype, {rows, cols / kBlock});
+    auto buf = make_buffer(scale_dtype, {rows, cols / kGroup});
     for (size_t i = 0; i < v.size(); ++i) store_float(scale_dtype, buf.bytes.data(), i, v[i]);
     return buf;
   };
   PackedGgufTensor out;
   out.codec = &codec::codec_or_throw("affine", "gguf");
-  out.tensor.params = {{"bits", t.bits}, {"group_size", kBlock}, {"scale_dtype", f16_exact ? "f16" : "f32"},
-                       {"padded_cols", cols}};
+  out.tensor.params = {
+      {"bits", t.bits}, {"group_size", kGroup}, {"scale_dtype", f16_exact ? "f16" : "f32"}, {"padded_cols", cols}};
   out.tensor.arrays.emplace_back("codes", std::move(codes));
   out.tensor.arrays.emplace_back("scales", to_buffer(scales));
   out.tensor.arrays.emplace_back("biases", to_buffer(biases));
@@ -114,13 +173,17 @@ PackedGgufTensor affine_from_blocks(const BlockAffine& t, std::span<const std::b
 
 }  // namespace
 
-std::optional<PackedGgufTensor> gguf_packed_tensor(const io::GgufFile& file, const io::GgufTensorInfo& info) {
-  const Shape shape = info.shape();
-  const auto bytes = file.tensor_bytes(info);
-  if (info.type == io::GgmlType::F32 || info.type == io::GgmlType::F16 || info.type == io::GgmlType::BF16) {
-    const DType dtype = info.type == io::GgmlType::F32 ? DType::F32
-                        : info.type == io::GgmlType::F16 ? DType::F16
-                                                          : DType::BF16;
+std::optional<PackedGgufTensor> gguf_packed_matrix(io::GgmlType type, std::span<const std::byte> bytes,
+                                                   const Shape& shape) {
+  const io::GgmlTypeInfo* info = io::ggml_type_info(static_cast<uint32_t>(type));
+  const uint64_t n = checked_numel(shape, "[gguf]");
+  // Rows of whole blocks (as the GGUF reader checks for a file's tensors) filling the bytes exactly.
+  if (!info || shape.empty() || shape.back() % info->block_elems != 0 ||
+      bytes.size() != n / info->block_elems * info->block_bytes)
+    fail(Errc::internal, "[gguf] {} bytes do not hold a {} tensor of shape {}", bytes.size(),
+         info ? info->name : "unknown", shape_str(shape));
+  if (type == io::GgmlType::F32 || type == io::GgmlType::F16 || type == io::GgmlType::BF16) {
+    const DType dtype = type == io::GgmlType::F32 ? DType::F32 : type == io::GgmlType::F16 ? DType::F16 : DType::BF16;
     auto data = make_buffer(dtype, shape);
     std::memcpy(data.bytes.data(), bytes.data(), bytes.size());
     PackedGgufTensor out;
@@ -129,9 +192,13 @@ std::optional<PackedGgufTensor> gguf_packed_tensor(const io::GgufFile& file, con
     out.tensor.arrays.emplace_back("data", std::move(data));
     return out;
   }
-  const BlockAffine* t = block_affine(info.type);
+  const BlockAffine* t = block_affine(type);
   if (!t || shape.size() != 2) return std::nullopt;
-  return affine_from_blocks(*t, bytes, shape, io::ggml_type_info(static_cast<uint32_t>(info.type))->block_bytes);
+  return affine_from_blocks(*t, bytes, shape, *info);
+}
+
+std::optional<PackedGgufTensor> gguf_packed_tensor(const io::GgufFile& file, const io::GgufTensorInfo& info) {
+  return gguf_packed_matrix(info.type, file.tensor_bytes(info), info.shape());
 }
 
 }  // namespace lowbit::model

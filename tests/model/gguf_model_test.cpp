@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -426,6 +427,30 @@ TEST_P(GgufWide, DequantizesAsGgmlAndGivesLlamaCppsLogits) {
                 max_diff, 100 * max_diff / scale, scale);
     EXPECT_LE(max_diff, tolerance * scale) << type << " " << json;
   }
+}
+
+// Q4_K and Q5_K matrices load packed, as affine 4/5 bits in groups of 32 with f32 metadata, and decode to ggml's
+// values bit for bit; the other types of the recipes (Q2_K, Q3_K, Q6_K, the IQ types) are dequantized.
+TEST_P(GgufWide, AffineKQuantsLoadPackedWithGgmlsValues) {
+  const fs::path path = kWideFixtures / ("model." + GetParam() + ".gguf");
+  const auto file = io::GgufFile::open(path);
+  std::map<io::GgmlType, int> file_types;
+  for (const io::GgufTensorInfo& t : file.header().tensors) ++file_types[t.type];
+  const auto packed = load_gguf_model(path);
+  const auto dense = load_gguf_model(path, {}, GgufWeights::dequantized);
+  int affine = 0;
+  for (const NamedTensor& t : packed->tensors) {
+    if (t.ref.shape.size() != 2 || t.ref.codec->id != "affine") continue;
+    ++affine;
+    EXPECT_EQ(t.ref.params.at("group_size"), 32) << t.name;
+    EXPECT_TRUE(t.ref.params.at("bits") == 4 || t.ref.params.at("bits") == 5) << t.name;
+    const NamedTensor* d = dense->find(t.name);
+    ASSERT_NE(d, nullptr) << t.name;
+    EXPECT_TRUE(codec::decode_all(t.ref) == codec::decode_all(d->ref)) << t.name << ": not ggml's values bit for bit";
+  }
+  std::printf("%s: %d of %zu tensors packed as affine (Q4_K %d, Q5_K %d)\n", GetParam().c_str(), affine,
+              file.header().tensors.size(), file_types[io::GgmlType::Q4_K], file_types[io::GgmlType::Q5_K]);
+  EXPECT_EQ(affine, file_types[io::GgmlType::Q4_K] + file_types[io::GgmlType::Q5_K]) << GetParam();
 }
 
 INSTANTIATE_TEST_SUITE_P(LlamaQuantize, GgufWide,

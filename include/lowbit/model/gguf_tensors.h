@@ -1,13 +1,17 @@
 // One GGUF tensor as a lowbit tensor without expanding it (seed 001: never expand a packed matrix).
 //
-// The 32-element block types are the affine codec exactly, re-expressed at load: Q4_1 and Q5_1 (value q*d + m,
-// f16 d and m) are affine 4/5 bits, group 32, scale d and bias m, in the same bytes; Q4_0, Q5_0 and Q8_0 (value
-// (q - o)*d, o = 8, 16, 128) are affine with bias -o*d, which f16 holds exactly (a power-of-two multiple) unless
-// it overflows, in which case the tensor keeps f32 scales and biases. These three cost 2 bytes more per block of
-// 32 than the GGUF (the stored bias): 4.5 -> 5, 5.5 -> 6 and 8.5 -> 9 bits per weight. Every product and sum of
-// the affine formula is exact in f32 for these codes and f16 values, so the decoded weights are bit-identical to
-// ggml's dequantize_row_*. F32, F16 and BF16 stay dense in their own dtype. Other types (K-quants) are returned
-// as nullopt: the caller dequantizes them.
+// The block types whose values are affine in their codes are the affine codec exactly, re-expressed at load:
+// - Q4_1 and Q5_1 (value q*d + m, f16 d and m) are affine 4/5 bits, group 32, scale d and bias m, in the same
+//   bytes; Q4_0, Q5_0 and Q8_0 (value (q - o)*d, o = 8, 16, 128) are affine with bias -o*d, which f16 holds
+//   exactly (a power-of-two multiple) unless it overflows. These three cost 2 bytes more per block of 32 than the
+//   GGUF (the stored bias): 4.5 -> 5, 5.5 -> 6 and 8.5 -> 9 bits per weight.
+// - Q4_K and Q5_K (super-blocks of 256: f16 d and dmin, a 6-bit scale sc_j and min m_j per sub-block of 32, value
+//   d sc_j q - dmin m_j) are affine 4/5 bits, group 32, scale d sc_j and bias -dmin m_j, which need f32: 4.5 -> 6
+//   and 5.5 -> 7 bits per weight, against 32 dequantized.
+// Metadata is f16 where every scale and bias of the tensor is exact in f16, else f32. Every product and sum of the
+// affine formula is exact in f32 for these codes and values, so the decoded weights are bit-identical to ggml's
+// dequantize_row_*. F32, F16 and BF16 stay dense in their own dtype. Other types (Q2_K, Q3_K and Q6_K, whose
+// sub-blocks of 16 no lowbit codec has, and the IQ types) are returned as nullopt: the caller dequantizes them.
 #pragma once
 
 #include <optional>
@@ -25,5 +29,9 @@ struct PackedGgufTensor {
 // The tensor in a lowbit codec, or nullopt when its type has no packed form yet. Block types only as rank-2
 // matrices; dense types of any rank.
 std::optional<PackedGgufTensor> gguf_packed_tensor(const io::GgufFile& file, const io::GgufTensorInfo& info);
+
+// The same for a matrix of `shape` stored as `bytes` of ggml type `type` (one expert of a merged expert tensor).
+std::optional<PackedGgufTensor> gguf_packed_matrix(io::GgmlType type, std::span<const std::byte> bytes,
+                                                   const Shape& shape);
 
 }  // namespace lowbit::model
