@@ -152,7 +152,10 @@ Layout layout(const Params& params, const Shape& shape) {
   ParamReader r(params, "affine");
   Layout l;
   l.bits = static_cast<int>(r.integer("bits", {2, 3, 4, 5, 6, 8}));
-  l.group_size = r.integer("group_size", {32, 64, 128});
+  l.group_size = r.integer("group_size", {16, 32, 64, 128});
+  // Groups of 16 exist for GGUF's Q6_K (6-bit codes, a scale per 16 weights), re-expressed at load.
+  if (l.group_size == 16 && l.bits != 6)
+    fail(Errc::codec_params, "[affine] group_size 16 needs bits 6 (got {})", l.bits);
   l.scale_dtype = scale_dtype_from_name(r.choice("scale_dtype", {"bf16", "f16", "f32"}));
   if (shape.size() != 2) fail(Errc::shape, "[affine] shape {} must have rank 2", shape_str(shape));
   if (shape[0] < 1 || shape[1] < 1 || shape[1] > kMaxCols)

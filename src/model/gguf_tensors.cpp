@@ -12,7 +12,7 @@
 namespace lowbit::model {
 namespace {
 
-constexpr int kGroup = 32;  // elements per affine group: a Q4_0 .. Q8_0 block, a Q4_K / Q5_K sub-block
+constexpr int kGroup = 32;  // elements of a Q4_0 .. Q8_0 block and of a Q4_K / Q5_K sub-block
 
 uint16_t u16_at(const uint8_t* p) {
   uint16_t v;
@@ -102,16 +102,37 @@ void unpack_q5_k(const uint8_t* b, uint8_t* q, float* s, float* m) {
     }
 }
 
+// Q6_K super-blocks: ql[128] (low 4 bits), qh[64] (high 2 bits), 16 int8 scales, d (f16); sub-block j of 16 has
+// value d sc_j (q - 32). Element e of half h = e / 128, quarter t = e % 128 / 32, l = e % 32 takes its low bits from
+// nibble t / 2 of ql[64 h + 32 (t % 2) + l] and its high bits from bits 2 t of qh[32 h + l]. d sc_j has at most 18
+// significant bits, so d sc_j q (24 bits) and the bias -32 d sc_j are exact in f32 and scale d sc_j, bias -32 d sc_j
+// give ggml's (d sc_j) (q - 32) bit for bit.
+void unpack_q6_k(const uint8_t* b, uint8_t* q, float* s, float* m) {
+  const float d = f16_to_f32(u16_at(b + 208));
+  for (int j = 0; j < 16; ++j) {
+    s[j] = d * static_cast<float>(static_cast<int8_t>(b[192 + j]));
+    m[j] = -32.0f * s[j];
+  }
+  for (int e = 0; e < 256; ++e) {
+    const int h = e / 128, t = e % 128 / 32, l = e % 32;
+    const int low = (b[64 * h + 32 * (t % 2) + l] >> (4 * (t / 2))) & 0x0F;
+    const int high = (b[128 + 32 * h + l] >> (2 * t)) & 3;
+    q[e] = static_cast<uint8_t>(low | high << 4);
+  }
+}
+
 struct BlockAffine {
   io::GgmlType type;
   int bits;
+  int group;  // elements per scale and bias
   UnpackFn unpack;
 };
 
 constexpr BlockAffine kBlockAffine[] = {
-    {io::GgmlType::Q4_0, 4, unpack_q4_0}, {io::GgmlType::Q4_1, 4, unpack_q4_1}, {io::GgmlType::Q5_0, 5, unpack_q5_0},
-    {io::GgmlType::Q5_1, 5, unpack_q5_1}, {io::GgmlType::Q8_0, 8, unpack_q8_0}, {io::GgmlType::Q4_K, 4, unpack_q4_k},
-    {io::GgmlType::Q5_K, 5, unpack_q5_k},
+    {io::GgmlType::Q4_0, 4, 32, unpack_q4_0}, {io::GgmlType::Q4_1, 4, 32, unpack_q4_1},
+    {io::GgmlType::Q5_0, 5, 32, unpack_q5_0}, {io::GgmlType::Q5_1, 5, 32, unpack_q5_1},
+    {io::GgmlType::Q8_0, 8, 32, unpack_q8_0}, {io::GgmlType::Q4_K, 4, 32, unpack_q4_k},
+    {io::GgmlType::Q5_K, 5, 32, unpack_q5_k}, {io::GgmlType::Q6_K, 6, 16, unpack_q6_k},
 };
 
 const BlockAffine* block_affine(io::GgmlType type) {
@@ -120,11 +141,11 @@ const BlockAffine* block_affine(io::GgmlType type) {
   return nullptr;
 }
 
-// 32 codes of `bits` bits -> `bits` words of the affine LSB-first stream (a group fills whole words).
-void pack_group(const uint8_t* q, int bits, uint32_t* words) {
+// n codes of `bits` bits -> n bits / 32 words of the affine LSB-first stream (a group fills whole words).
+void pack_group(const uint8_t* q, int n, int bits, uint32_t* words) {
   uint64_t acc = 0;
   int filled = 0;
-  for (int j = 0; j < kGroup; ++j) {
+  for (int j = 0; j < n; ++j) {
     acc |= static_cast<uint64_t>(q[j]) << filled;
     filled += bits;
     if (filled >= 32) {
@@ -139,8 +160,8 @@ bool exact_in_f16(float v) { return f16_to_f32(f32_to_f16(v)) == v; }
 
 PackedGgufTensor affine_from_blocks(const BlockAffine& t, std::span<const std::byte> bytes, const Shape& shape,
                                     const io::GgmlTypeInfo& info) {
-  const int64_t rows = shape[0], cols = shape[1], groups = rows * (cols / kGroup);
-  const int per_block = static_cast<int>(info.block_elems) / kGroup;
+  const int64_t rows = shape[0], cols = shape[1], groups = rows * (cols / t.group);
+  const int per_block = static_cast<int>(info.block_elems) / t.group, group_words = t.group * t.bits / 32;
   auto codes = make_buffer(DType::U32, {rows, cols * t.bits / 32});
   std::vector<float> scales(static_cast<size_t>(groups)), biases(static_cast<size_t>(groups));
   const auto* p = reinterpret_cast<const uint8_t*>(bytes.data());
@@ -148,7 +169,7 @@ PackedGgufTensor affine_from_blocks(const BlockAffine& t, std::span<const std::b
   uint8_t q[256];
   for (int64_t g = 0; g < groups; g += per_block, p += info.block_bytes) {
     t.unpack(p, q, scales.data() + g, biases.data() + g);
-    for (int j = 0; j < per_block; ++j, words += t.bits) pack_group(q + j * kGroup, t.bits, words);
+    for (int j = 0; j < per_block; ++j, words += group_words) pack_group(q + j * t.group, t.group, t.bits, words);
   }
   // f16 metadata where every scale and bias is exact in it (the 32-element types: -o d is a power-of-two multiple
   // of an f16 unless it overflows), else f32 (the K types' products d sc_j, dmin m_j). NaN/inf compare unequal and
@@ -157,14 +178,14 @@ PackedGgufTensor affine_from_blocks(const BlockAffine& t, std::span<const std::b
                          std::all_of(biases.begin(), biases.end(), exact_in_f16);
   const DType scale_dtype = f16_exact ? DType::F16 : DType::F32;
   auto to_buffer = [&](const std::vector<float>& v) {
-    auto buf = make_buffer(scale_dtype, {rows, cols / kGroup});
+    auto buf = make_buffer(scale_dtype, {rows, cols / t.group});
     for (size_t i = 0; i < v.size(); ++i) store_float(scale_dtype, buf.bytes.data(), i, v[i]);
     return buf;
   };
   PackedGgufTensor out;
   out.codec = &codec::codec_or_throw("affine", "gguf");
   out.tensor.params = {
-      {"bits", t.bits}, {"group_size", kGroup}, {"scale_dtype", f16_exact ? "f16" : "f32"}, {"padded_cols", cols}};
+      {"bits", t.bits}, {"group_size", t.group}, {"scale_dtype", f16_exact ? "f16" : "f32"}, {"padded_cols", cols}};
   out.tensor.arrays.emplace_back("codes", std::move(codes));
   out.tensor.arrays.emplace_back("scales", to_buffer(scales));
   out.tensor.arrays.emplace_back("biases", to_buffer(biases));

@@ -429,8 +429,9 @@ TEST_P(GgufWide, DequantizesAsGgmlAndGivesLlamaCppsLogits) {
   }
 }
 
-// Q4_K and Q5_K matrices load packed, as affine 4/5 bits in groups of 32 with f32 metadata, and decode to ggml's
-// values bit for bit; the other types of the recipes (Q2_K, Q3_K, Q6_K, the IQ types) are dequantized.
+// Q4_K, Q5_K and Q6_K matrices load packed, as affine 4/5 bits in groups of 32 and 6 bits in groups of 16 with f32
+// metadata, and decode to ggml's values bit for bit; the other types of the recipes (Q2_K, Q3_K, the IQ types) are
+// dequantized.
 TEST_P(GgufWide, AffineKQuantsLoadPackedWithGgmlsValues) {
   const fs::path path = kWideFixtures / ("model." + GetParam() + ".gguf");
   const auto file = io::GgufFile::open(path);
@@ -442,15 +443,18 @@ TEST_P(GgufWide, AffineKQuantsLoadPackedWithGgmlsValues) {
   for (const NamedTensor& t : packed->tensors) {
     if (t.ref.shape.size() != 2 || t.ref.codec->id != "affine") continue;
     ++affine;
-    EXPECT_EQ(t.ref.params.at("group_size"), 32) << t.name;
-    EXPECT_TRUE(t.ref.params.at("bits") == 4 || t.ref.params.at("bits") == 5) << t.name;
+    const int bits = t.ref.params.at("bits").get<int>();
+    EXPECT_TRUE(bits == 4 || bits == 5 || bits == 6) << t.name;
+    EXPECT_EQ(t.ref.params.at("group_size"), bits == 6 ? 16 : 32) << t.name;
     const NamedTensor* d = dense->find(t.name);
     ASSERT_NE(d, nullptr) << t.name;
     EXPECT_TRUE(codec::decode_all(t.ref) == codec::decode_all(d->ref)) << t.name << ": not ggml's values bit for bit";
   }
-  std::printf("%s: %d of %zu tensors packed as affine (Q4_K %d, Q5_K %d)\n", GetParam().c_str(), affine,
-              file.header().tensors.size(), file_types[io::GgmlType::Q4_K], file_types[io::GgmlType::Q5_K]);
-  EXPECT_EQ(affine, file_types[io::GgmlType::Q4_K] + file_types[io::GgmlType::Q5_K]) << GetParam();
+  const int k_types = file_types[io::GgmlType::Q4_K] + file_types[io::GgmlType::Q5_K] + file_types[io::GgmlType::Q6_K];
+  std::printf("%s: %d of %zu tensors packed as affine (Q4_K %d, Q5_K %d, Q6_K %d)\n", GetParam().c_str(), affine,
+              file.header().tensors.size(), file_types[io::GgmlType::Q4_K], file_types[io::GgmlType::Q5_K],
+              file_types[io::GgmlType::Q6_K]);
+  EXPECT_EQ(affine, k_types) << GetParam();
 }
 
 INSTANTIATE_TEST_SUITE_P(LlamaQuantize, GgufWide,

@@ -28,6 +28,7 @@ inline const std::map<std::string, CodecExample>& codec_examples() {
     affine.params.push_back({{"bits", 4}, {"group_size", 64}, {"scale_dtype", "bf16"}});
     affine.params.push_back({{"bits", 3}, {"group_size", 128}, {"scale_dtype", "f32"}});
     affine.params.push_back({{"bits", 2}, {"group_size", 128}, {"scale_dtype", "bf16"}});
+    affine.params.push_back({{"bits", 6}, {"group_size", 16}, {"scale_dtype", "f32"}});  // GGUF Q6_K
     affine.widths = {1, 31, 32, 33, 200, 544};
     t["affine"] = affine;
     t["offset_scale"] = {{{{"precision", "q3"}}, {{"precision", "q3_full8"}}, {{"precision", "q4"}}},

@@ -156,15 +156,17 @@ HWY_INLINE hn::Vec<DF> Combine(const hn::Vec<DI>* acc) {
 // bytes streamed from DRAM per CPU-second; 2-3 KB ahead into L2 did better than 1 KB into L1).
 constexpr int64_t kPrefetchBytes = 2048;
 
-// y[r] for the rows of blocks [b0, b1) (rows past m.rows are not written).
-template <int A, int C, bool kTwo>
+// y[r] for the rows of blocks [b0, b1) (rows past m.rows are not written). E: extractions per chunk, 8 (32
+// columns) or 4 (groups of 16: half a chunk, the first half of each plane's words).
+template <int A, int C, bool kTwo, int E>
 LOWBIT_VNNI void MatvecT(const BlockMatrix& m, const BlockActivations& x, size_t b0, size_t b1, float* y) {
   const DF df;
   const DU du;
   constexpr int kTerms = kTwo ? 2 : 1;
   // Independent accumulator sets (extraction K feeds set K % kSets): enough vpdpbusd chains to hide latency.
   constexpr int kSets = kTwo ? 2 : 4;
-  const int64_t groups = m.groups(), chunks = m.group_size / 32, record_bytes = m.record_bytes();
+  constexpr int WA = A * E / 8, WC = C * E / 8;  // words of each plane per chunk
+  const int64_t groups = m.groups(), chunks = m.group_size / (4 * E), record_bytes = m.record_bytes();
   const int64_t code_bytes = m.code_bytes();
   const uint8_t* const records = m.records.get();
   const auto records_bytes = static_cast<int64_t>(m.bytes());
@@ -182,12 +184,12 @@ LOWBIT_VNNI void MatvecT(const BlockMatrix& m, const BlockActivations& x, size_t
           for (int p = 0; p < kSets; ++p)
             for (int d = 0; d < kDigits; ++d) acc[s][t][p][d] = hn::Zero(DI());
       for (int64_t c = 0; c < chunks; ++c) {
-        const auto* words = reinterpret_cast<const uint32_t*>(rec + c * (A + C) * 64);
-        const int8_t* xd = x.digits + g * m.group_size + c * 32;
+        const auto* words = reinterpret_cast<const uint32_t*>(rec + c * (A + C) * 8 * E);
+        const int8_t* xd = x.digits + g * m.group_size + c * 4 * E;
         for (int s = 0; s < S; ++s) {
           hn::Vec<DU> lo[A], hi[C > 0 ? C : 1];
-          for (int j = 0; j < A; ++j) lo[j] = hn::LoadU(du, words + j * kBlockRows + s * N);
-          for (int j = 0; j < C; ++j) hi[j] = hn::LoadU(du, words + (A + j) * kBlockRows + s * N);
+          for (int j = 0; j < WA; ++j) lo[j] = hn::LoadU(du, words + j * kBlockRows + s * N);
+          for (int j = 0; j < WC; ++j) hi[j] = hn::LoadU(du, words + (WA + j) * kBlockRows + s * N);
           ForEach(
               [&](auto k) LOWBIT_VNNI {
                 constexpr int K = decltype(k)::value;
@@ -205,7 +207,7 @@ LOWBIT_VNNI void MatvecT(const BlockMatrix& m, const BlockActivations& x, size_t
                   for (int t = 0; t < kDigits; ++t) a[0][K % kSets][t] = DotBytes(a[0][K % kSets][t], q, d[t]);
                 }
               },
-              std::make_integer_sequence<int, 8>());
+              std::make_integer_sequence<int, E>());
         }
       }
       const uint8_t* meta = rec + code_bytes;
@@ -230,20 +232,21 @@ LOWBIT_VNNI void MatvecT(const BlockMatrix& m, const BlockActivations& x, size_t
   }
 }
 
-// Columns [k0, k1) (multiples of 32) of block blk decoded to f32, column-major: out[(c - k0) 16 + r].
-template <int A, int C, bool kTwo>
+// Columns [k0, k1) (multiples of 4 E) of block blk decoded to f32, column-major: out[(c - k0) 16 + r].
+template <int A, int C, bool kTwo, int E>
 void DecodeTileT(const BlockMatrix& m, size_t blk, size_t k0, size_t k1, float* out) {
   const DF df;
   const DU du;
+  constexpr int WA = A * E / 8, WC = C * E / 8;
   const auto G = static_cast<size_t>(m.group_size);
-  for (size_t c0 = k0; c0 < k1; c0 += 32) {
+  for (size_t c0 = k0; c0 < k1; c0 += 4 * E) {
     const uint8_t* rec = m.record(static_cast<int64_t>(blk), static_cast<int64_t>(c0 / G));
-    const auto* words = reinterpret_cast<const uint32_t*>(rec + (c0 % G) / 32 * (A + C) * 64);
+    const auto* words = reinterpret_cast<const uint32_t*>(rec + (c0 % G) / (4 * E) * (A + C) * 8 * E);
     for (int s = 0; s < S; ++s) {
       const GroupMeta meta(m, rec + m.code_bytes(), s);
       hn::Vec<DU> lo[A], hi[C > 0 ? C : 1];
-      for (int j = 0; j < A; ++j) lo[j] = hn::LoadU(du, words + j * kBlockRows + s * N);
-      for (int j = 0; j < C; ++j) hi[j] = hn::LoadU(du, words + (A + j) * kBlockRows + s * N);
+      for (int j = 0; j < WA; ++j) lo[j] = hn::LoadU(du, words + j * kBlockRows + s * N);
+      for (int j = 0; j < WC; ++j) hi[j] = hn::LoadU(du, words + (WA + j) * kBlockRows + s * N);
       float* o = out + (c0 - k0) * kBlockRows + s * N;
       ForEach(
           [&](auto k) {
@@ -261,7 +264,7 @@ void DecodeTileT(const BlockMatrix& m, size_t blk, size_t k0, size_t k1, float* 
                 },
                 std::make_integer_sequence<int, 4>());
           },
-          std::make_integer_sequence<int, 8>());
+          std::make_integer_sequence<int, E>());
     }
   }
 }
@@ -311,17 +314,17 @@ void Quantize(const BlockMatrix& m, const float* xp, const BlockActivations& out
   }
 }
 
-// The compile-time plane widths of one layout.
-template <int A, int C, bool kTwo>
+// The compile-time plane widths of one layout, and its extractions per chunk.
+template <int A, int C, bool kTwo, int E = 8>
 struct Planes {
-  static constexpr int kLo = A, kHi = C;
+  static constexpr int kLo = A, kHi = C, kExtractions = E;
   static constexpr bool kTwoScales = kTwo;
 };
 
 template <class Fn>
 void WithPlanes(const BlockMatrix& m, Fn&& fn) {
   const bool two = m.meta == BlockMeta::two_scales;
-  switch (m.lo_bits * 10 + m.hi_bits + (two ? 100 : 0)) {
+  switch (m.lo_bits * 10 + m.hi_bits + (two ? 100 : 0) + (m.group_size == 16 ? 1000 : 0)) {
     case 20: fn(Planes<2, 0, false>()); break;
     case 40: fn(Planes<4, 0, false>()); break;
     case 80: fn(Planes<8, 0, false>()); break;
@@ -329,21 +332,25 @@ void WithPlanes(const BlockMatrix& m, Fn&& fn) {
     case 41: fn(Planes<4, 1, false>()); break;
     case 42: fn(Planes<4, 2, false>()); break;
     case 122: fn(Planes<2, 2, true>()); break;
-    default: HWY_ABORT("block planes %d+%d", m.lo_bits, m.hi_bits);
+    case 1020: fn(Planes<2, 0, false, 4>()); break;
+    case 1040: fn(Planes<4, 0, false, 4>()); break;
+    case 1080: fn(Planes<8, 0, false, 4>()); break;
+    case 1042: fn(Planes<4, 2, false, 4>()); break;
+    default: HWY_ABORT("block planes %d+%d, groups of %d", m.lo_bits, m.hi_bits, static_cast<int>(m.group_size));
   }
 }
 
 void Matvec(const BlockMatrix& m, const BlockActivations& x, size_t b0, size_t b1, float* y) {
   WithPlanes(m, [&](auto p) {
     using P = decltype(p);
-    MatvecT<P::kLo, P::kHi, P::kTwoScales>(m, x, b0, b1, y);
+    MatvecT<P::kLo, P::kHi, P::kTwoScales, P::kExtractions>(m, x, b0, b1, y);
   });
 }
 
 void DecodeTile(const BlockMatrix& m, size_t blk, size_t k0, size_t k1, float* out) {
   WithPlanes(m, [&](auto p) {
     using P = decltype(p);
-    DecodeTileT<P::kLo, P::kHi, P::kTwoScales>(m, blk, k0, k1, out);
+    DecodeTileT<P::kLo, P::kHi, P::kTwoScales, P::kExtractions>(m, blk, k0, k1, out);
   });
 }
 
@@ -405,7 +412,9 @@ HWY_EXPORT(TargetName);
 
 namespace {
 
-bool supported_planes(int lo, int hi, BlockMeta meta) {
+bool supported_planes(int lo, int hi, BlockMeta meta, int64_t group_size) {
+  if (group_size == 16)  // half chunks: planes whose first half of words holds columns 0..15
+    return meta != BlockMeta::two_scales && (hi == 0 || hi == 2) && (lo == 2 || lo == 4 || lo == 8) && lo + hi <= 8;
   if (meta == BlockMeta::two_scales) return lo == 2 && hi == 2;
   return (hi == 0 && (lo == 2 || lo == 4 || lo == 8)) || (lo == 2 && hi == 1) || (lo == 4 && (hi == 1 || hi == 2));
 }
@@ -432,7 +441,8 @@ BlockMatrix::BlockMatrix(int lo, int hi, BlockMeta meta_, DType meta_dtype_, int
       cols(cols_),
       padded_cols(padded_cols_),
       group_size(group_size_) {
-  if (!supported_planes(lo, hi, meta) || (group_size != 32 && group_size != 64 && group_size != 128) ||
+  if (!supported_planes(lo, hi, meta, group_size) ||
+      (group_size != 16 && group_size != 32 && group_size != 64 && group_size != 128) ||
       padded_cols % group_size != 0 || padded_cols < cols || rows < 1 ||
       (meta_dtype != DType::F32 && meta_dtype != DType::F16 && meta_dtype != DType::BF16))
     fail(Errc::internal, "[block_kernels] unsupported layout: planes {}+{}, {} x {} (padded {}), groups of {}", lo,
@@ -450,17 +460,18 @@ void BlockMatrix::set_row_codes(int64_t r, const uint8_t* lo, const uint8_t* hi)
   const int planes = hi_bits ? 2 : 1;
   // Where each column of a chunk goes, per plane: the same for every chunk of the row (computed once; the
   // divisions in field_pos dominated preparing a matrix when done per code).
+  const int64_t cols_per_chunk = chunk_cols();
   FieldPos pos[2][32];
   for (int plane = 0; plane < planes; ++plane)
-    for (int64_t cc = 0; cc < 32; ++cc) pos[plane][cc] = field_pos(plane ? hi_bits : lo_bits, cc, rr);
+    for (int64_t cc = 0; cc < cols_per_chunk; ++cc) pos[plane][cc] = field_pos(plane ? hi_bits : lo_bits, cc, rr);
   for (int64_t g = 0; g < groups(); ++g) {
     uint8_t* words = record(r / kBlockRows, g);
-    for (int64_t chunk = 0; chunk < group_size / 32; ++chunk, words += (lo_bits + hi_bits) * 64) {
-      const int64_t c0 = g * group_size + chunk * 32;
+    for (int64_t chunk = 0; chunk < group_size / cols_per_chunk; ++chunk, words += chunk_bytes()) {
+      const int64_t c0 = g * group_size + chunk * cols_per_chunk;
       for (int plane = 0; plane < planes; ++plane) {
         const uint8_t* codes = (plane ? hi : lo) + c0;
-        uint8_t* base = words + (plane ? lo_bits * 64 : 0);
-        for (int64_t cc = 0; cc < 32; ++cc) {
+        uint8_t* base = words + (plane ? lo_bits * 2 * cols_per_chunk : 0);
+        for (int64_t cc = 0; cc < cols_per_chunk; ++cc) {
           const FieldPos f = pos[plane][cc];
           base[f.byte] = static_cast<uint8_t>(base[f.byte] | codes[cc] << f.shift);
         }
@@ -477,13 +488,14 @@ void BlockMatrix::set_meta(int64_t r, int64_t g, int slot, const std::byte* valu
 
 float BlockMatrix::weight(int64_t r, int64_t c) const {
   const uint8_t* rec = record(r / kBlockRows, c / group_size);
-  const uint8_t* words = rec + (c % group_size) / 32 * (lo_bits + hi_bits) * 64;
-  const FieldPos l = field_pos(lo_bits, c % 32, r % kBlockRows);
+  const int64_t cc = chunk_cols();
+  const uint8_t* words = rec + (c % group_size) / cc * chunk_bytes();
+  const FieldPos l = field_pos(lo_bits, c % cc, r % kBlockRows);
   const uint32_t lo = (words[l.byte] >> l.shift) & ((1u << lo_bits) - 1u);
   uint32_t hi = 0;
   if (hi_bits != 0) {
-    const FieldPos h = field_pos(hi_bits, c % 32, r % kBlockRows);
-    hi = (words[lo_bits * 64 + h.byte] >> h.shift) & ((1u << hi_bits) - 1u);
+    const FieldPos h = field_pos(hi_bits, c % cc, r % kBlockRows);
+    hi = (words[lo_bits * 2 * cc + h.byte] >> h.shift) & ((1u << hi_bits) - 1u);
   }
   const auto* meta_bytes = reinterpret_cast<const std::byte*>(rec + code_bytes());
   const auto slot = [&](int i) { return load_float(meta_dtype, meta_bytes, size_t(i * kBlockRows + r % kBlockRows)); };

@@ -6,6 +6,8 @@
 //   for each 32-column chunk of the group, for each plane (lo, then hi), for each of the plane's `width` words
 //   per row and chunk: 16 uint32 words, one per row of the block (64 bytes);
 //   then the metadata slots, each 16 values of meta_dtype (one per row).
+// A group of 16 columns (GGUF's Q6_K) holds half a chunk: the first width / 2 words of each plane, which hold
+// extractions 0..3 (columns 0..15) for widths 2, 4 and 8; so groups of 16 need planes of those widths.
 // So a thread that owns a range of blocks reads one sequential stream (codes and metadata interleaved), and a
 // 64-byte load holds one word of each of 16 rows. Within a plane of width p (1, 2, 4 or 8 bits), field f of byte
 // b of word j of a chunk holds column 4 (j 8/p + f) + b: "extraction" k = j 8/p + f (a shift and a mask) gives
@@ -21,6 +23,7 @@
 // The batched path multiplies in f32 without that rounding.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -47,7 +50,7 @@ struct BlockMatrix {
   BlockMeta meta = BlockMeta::scale_bias;
   DType meta_dtype = DType::F32;  // F32, F16 or BF16
   float offset = 0.0f;            // scale_offset
-  int64_t rows = 0, cols = 0, padded_cols = 0, group_size = 0;  // group_size: 32, 64 or 128
+  int64_t rows = 0, cols = 0, padded_cols = 0, group_size = 0;  // group_size: 16, 32, 64 or 128
   hwy::AlignedFreeUniquePtr<uint8_t[]> records;                // [blocks, groups, record_bytes()], 64-aligned
 
   // Allocates zeroed records; throws Errc::internal on an unsupported shape.
@@ -57,7 +60,9 @@ struct BlockMatrix {
   int64_t blocks() const { return (rows + kBlockRows - 1) / kBlockRows; }
   int64_t groups() const { return padded_cols / group_size; }
   int meta_slots() const { return meta == BlockMeta::scale_offset ? 1 : meta == BlockMeta::scale_bias ? 2 : 3; }
-  int64_t code_bytes() const { return group_size / 32 * (lo_bits + hi_bits) * 64; }
+  int64_t chunk_cols() const { return std::min<int64_t>(group_size, 32); }  // columns of one chunk's words
+  int64_t chunk_bytes() const { return chunk_cols() * (lo_bits + hi_bits) * 2; }
+  int64_t code_bytes() const { return group_size * (lo_bits + hi_bits) * 2; }
   int64_t record_bytes() const { return code_bytes() + meta_slots() * kBlockRows * int64_t(dtype_size(meta_dtype)); }
   uint64_t bytes() const { return uint64_t(blocks()) * uint64_t(groups()) * uint64_t(record_bytes()); }
   uint8_t* record(int64_t block, int64_t g) { return records.get() + (block * groups() + g) * record_bytes(); }

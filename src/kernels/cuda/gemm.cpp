@@ -38,6 +38,8 @@ void coalesced_gemm(const CoalescedDevice& w, const float* x, int64_t m, float* 
 
 void affine_gemm(const AffineDevice& w, const float* x, int64_t m, float* y, Stream s) {
   check_layout(w, "cuda affine gemm");
+  // A stage of 64 columns holds at most two groups' meta per row (tile_gemm.cu).
+  if (w.group < 32) fail(Errc::unsupported, "[cuda affine gemm] group {} has no tile GEMM", w.group);
   check_rows(m, (w.rows + 15) / 16, "cuda affine gemm");
   launch_affine_tile_gemm_kernel(w, x, m, y, s);
   check_last_error("cuda affine gemm");

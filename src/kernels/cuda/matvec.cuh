@@ -53,8 +53,8 @@ __device__ __forceinline__ float half_to_float(uint32_t bits16, bool is_f16) {
 
 // ---- codecs: how one row's 64-weight chunk is loaded and turned into floats -------------------------------
 
-// Affine, `B` bits, GPC groups per chunk (1 for group >= 64, 2 for group 32). The meta type is a run-time
-// branch, uniform across the grid: 16-bit (scale, bias) pairs in one word, or f32 pairs in two.
+// Affine, `B` bits, GPC groups per chunk (1 for group >= 64, 2 for group 32, 4 for group 16). The meta type is a
+// run-time branch, uniform across the grid: 16-bit (scale, bias) pairs in one word, or f32 pairs in two.
 template <int B, int GPC>
 struct Affine {
   static constexpr int kWords = 2 * B;  // 64 codes * B bits / 32
@@ -75,14 +75,14 @@ struct Affine {
 
   __device__ static void load(const Args& a, int64_t row, int c, Chunk& ch) {
     load_words<kWords>(a.codes + row * a.row_words + static_cast<int64_t>(c) * kWords, ch.w);
-    const int64_t group = GPC == 1 ? (c >> a.group_shift) : 2 * static_cast<int64_t>(c);
+    const int64_t group = GPC == 1 ? (c >> a.group_shift) : GPC * static_cast<int64_t>(c);
     const int64_t index = row * a.row_groups + group;
     if (a.f32) {
       load_words<2 * GPC>(a.meta + 2 * index, ch.meta);
     } else if constexpr (GPC == 1) {
       ch.meta[0] = __ldg(a.meta + index);
     } else {
-      load_words<2>(a.meta + index, ch.meta);
+      load_words<GPC>(a.meta + index, ch.meta);
     }
   }
 
@@ -311,6 +311,7 @@ void launch_affine(const AffineDevice& w, const float* x, int m, int batch, floa
 // One instantiation per file (matvec_affine<B>.cu), so that the kernels compile in parallel.
 template <int B>
 void launch_affine_bits(const AffineDevice& w, const float* x, int m, int batch, float* y, CUstream_st* s) {
+  if (w.group == 16) return launch_affine<B, 4>(w, x, m, batch, y, s);
   if (w.group == 32) return launch_affine<B, 2>(w, x, m, batch, y, s);
   launch_affine<B, 1>(w, x, m, batch, y, s);
 }

@@ -26,7 +26,7 @@ struct AffineDevice {
   int64_t cols = 0;
   int64_t kpad = 0;
   int bits = 3;    // 3, 5 or 6 (2/4 bits use AffineMmaDevice, 8 bits CoalescedDevice)
-  int group = 64;  // 32, 64, 128, 256, ... (a power of two >= 32)
+  int group = 64;  // 16, 32, 64, 128, 256, ... (a power of two >= 16)
   MetaType meta_type = MetaType::bf16;
 };
 

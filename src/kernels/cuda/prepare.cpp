@@ -235,9 +235,9 @@ class AffineLinear final : public GroupableLinear {
     affine_matmul(w_, x, m, y, s);
   }
   // More rows than a decode batch run a tensor-core GEMM: the tensor-core layout's at 2/4 bits, the tile GEMM's
-  // decoding into shared memory at 3/5/6/8 bits.
+  // decoding into shared memory at 3/5/6/8 bits; groups of 16 (GGUF's Q6_K) the matvec over chunks of rows.
   void gemm(const float* x, int64_t m, float* y, Stream s) const override {
-    if (m <= kMaxBatch) return CudaLinear::gemm(x, m, y, s);
+    if (m <= kMaxBatch || (!mma_ && !coalesced_ && w_.group < 32)) return CudaLinear::gemm(x, m, y, s);
     if (mma_) return affine_mma_gemm(mw_, x, m, y, s);
     if (coalesced_) return coalesced_gemm(coalesced(), x, m, y, s);
     affine_gemm(w_, x, m, y, s);
