@@ -12,6 +12,8 @@
 # recipes would add no type. With the SHA-256 of ggml's own dequantization of each tensor (ggml_dequant.json,
 # ggml_dequantize.py), llama.cpp's logits on each file (llamacpp_logits.json) and on its f32 copy holding those
 # dequantized values (llamacpp_logits_f32.json: the same weights without llama.cpp's 8-bit activation rounding).
+# Last tests/model/fixtures/gguf_quant/moe/: the qwen3_moe family fixture with its merged gate/up expert tensors in
+# Q4_1 (gguf_quantize_tensors.py, gguf-py's quantizer: llama-quantize's recipes keep a tiny model's experts wide).
 #   Environment: LLAMACPP_BIN (a llama.cpp build with llama-quantize, llama-imatrix and shared libraries; default
 #   /work/refs/llama.cpp-build/bin, built from the llama-cpp-python 0.3.36 sdist), LLAMACPP_SRC (that sdist's
 #   root; default /work/refs/src/llama_cpp_python-0.3.36), PYTHON (one with numpy and diskcache, which llama_cpp
@@ -78,3 +80,7 @@ mv "$wide/llamacpp_logits.json.part" "$wide/llamacpp_logits.json"
 LLAMA_CPP_LIB_PATH=$bin "$python" scripts/llamacpp_logits.py "$wide/llamacpp_logits_f32.json.part" "$tokens" "${f32_specs[@]}"
 mv "$wide/llamacpp_logits_f32.json.part" "$wide/llamacpp_logits_f32.json"
 ls -l "$wide"
+moe=$out/moe
+mkdir -p "$moe"
+"$python" scripts/gguf_quantize_tensors.py tests/model/fixtures/families/qwen3_moe/model.gguf \
+  "$moe/qwen3_moe.Q4_1_experts.gguf" Q4_1 'blk\.[0-9]+\.ffn_(gate|up)_exps\.weight'

@@ -460,6 +460,40 @@ TEST_P(GgufWide, AffineKQuantsLoadPackedWithGgmlsValues) {
 INSTANTIATE_TEST_SUITE_P(LlamaQuantize, GgufWide,
                          ::testing::Values("Q4_K_M", "IQ1_S", "IQ1_M", "IQ2_XS", "IQ3_XXS", "IQ4_XS"));
 
+// tests/model/fixtures/gguf_quant/moe/: the qwen3_moe family fixture's GGUF with its merged gate/up expert tensors
+// quantized to Q4_1 (scripts/gguf_quantize_tensors.py, gguf-py's quantizer); the down experts stay BF16. Each
+// expert loads as its own packed matrix (affine 4 bits, or dense bf16), equal to the dequantized load's bit for bit,
+// and the logits are the dequantized load's within the kernels' activation rounding.
+TEST(GgufMoe, MergedExpertTensorsLoadPackedPerExpert) {
+  const fs::path path = kQuantFixtures / "moe/qwen3_moe.Q4_1_experts.gguf";
+  const auto packed = load_gguf_model(path);
+  const auto dense = load_gguf_model(path, {}, GgufWeights::dequantized);
+  std::map<std::string, int> experts;  // codec and dtype -> count
+  for (const NamedTensor& t : packed->tensors) {
+    if (t.name.find(".experts.") == std::string::npos) continue;
+    const std::string kind =
+        std::string(t.ref.codec->id) + (t.ref.codec->id == "dense" ? t.ref.params.at("dtype").get<std::string>() : "");
+    ++experts[kind];
+    const NamedTensor* d = dense->find(t.name);
+    ASSERT_NE(d, nullptr) << t.name;
+    EXPECT_EQ(d->ref.codec->id, "dense") << t.name;
+    EXPECT_TRUE(codec::decode_all(t.ref) == codec::decode_all(d->ref)) << t.name << ": not the dequantized values";
+  }
+  // 2 layers x 5 experts: gate and up (Q4_1) as affine, down (BF16) as dense bf16.
+  EXPECT_EQ(experts, (std::map<std::string, int>{{"affine", 20}, {"densebf16", 10}}));
+
+  const std::vector<int32_t> tokens = {1, 17, 42, 99, 5, 127, 64, 3};
+  const auto got = stepwise_logits(*packed, tokens);
+  const auto want = stepwise_logits(*dense, tokens);
+  double scale = 0, max_diff = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    scale = std::max(scale, std::abs(static_cast<double>(want[i])));
+    max_diff = std::max(max_diff, std::abs(static_cast<double>(got[i]) - want[i]));
+  }
+  ASSERT_GT(scale, 0.1);
+  EXPECT_LE(max_diff, 5e-4 * scale);  // packed kernels round activations (GgufPacked)
+}
+
 // Together the wide fixtures hold every IQ type and the K-quants llama.cpp's recipes mix in.
 TEST(GgufWide, FixturesCoverEveryIqType) {
   const auto digests = nlohmann::json::parse(std::ifstream(kWideFixtures / "ggml_dequant.json"));
