@@ -31,7 +31,7 @@ using io::GgufBuilder;
 using io::GgufValueType;
 
 fs::path write_temp(const std::vector<uint8_t>& image, const std::string& name) {
-  const auto path = fs::temp_directory_path() / (name + "_" + std::to_string(::getpid()) + ".gguf");
+  auto path = fs::temp_directory_path() / (name + "_" + std::to_string(::getpid()) + ".gguf");
   std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(image.data()), static_cast<std::streamsize>(image.size()));
   return path;
 }

@@ -187,7 +187,7 @@ LOWBIT_VNNI void MatvecT(const BlockMatrix& m, const BlockActivations& x, size_t
         const auto* words = reinterpret_cast<const uint32_t*>(rec + c * (A + C) * 8 * E);
         const int8_t* xd = x.digits + g * m.group_size + c * 4 * E;
         for (int s = 0; s < S; ++s) {
-          hn::Vec<DU> lo[A], hi[C > 0 ? C : 1];
+          hn::Vec<DU> lo[A], hi[std::max(C, 1)];
           for (int j = 0; j < WA; ++j) lo[j] = hn::LoadU(du, words + j * kBlockRows + s * N);
           for (int j = 0; j < WC; ++j) hi[j] = hn::LoadU(du, words + (WA + j) * kBlockRows + s * N);
           ForEach(
@@ -244,7 +244,7 @@ void DecodeTileT(const BlockMatrix& m, size_t blk, size_t k0, size_t k1, float* 
     const auto* words = reinterpret_cast<const uint32_t*>(rec + (c0 % G) / (4 * E) * (A + C) * 8 * E);
     for (int s = 0; s < S; ++s) {
       const GroupMeta meta(m, rec + m.code_bytes(), s);
-      hn::Vec<DU> lo[A], hi[C > 0 ? C : 1];
+      hn::Vec<DU> lo[A], hi[std::max(C, 1)];
       for (int j = 0; j < WA; ++j) lo[j] = hn::LoadU(du, words + j * kBlockRows + s * N);
       for (int j = 0; j < WC; ++j) hi[j] = hn::LoadU(du, words + (WA + j) * kBlockRows + s * N);
       float* o = out + (c0 - k0) * kBlockRows + s * N;
