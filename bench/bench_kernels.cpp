@@ -34,6 +34,8 @@ const std::map<std::string, std::vector<Params>>& bench_params() {
     t["dense"] = {{{"dtype", "bf16"}}, {{"dtype", "f16"}}, {{"dtype", "f32"}}};
     for (int bits : {2, 3, 4, 5, 6, 8})
       t["affine"].push_back({{"bits", bits}, {"group_size", 64}, {"scale_dtype", "bf16"}});
+    // GGUF Q4_1 and Q8_0 as they load (group 32, f16 metadata).
+    for (int bits : {4, 8}) t["affine"].push_back({{"bits", bits}, {"group_size", 32}, {"scale_dtype", "f16"}});
     for (const char* precision : {"q3", "q3_full8", "q4"}) t["offset_scale"].push_back({{"precision", precision}});
     t["two_plane"] = {{{"storage", "planes"}, {"metadata", "full"}},
                       {{"storage", "quint5"}, {"metadata", "slim"}},

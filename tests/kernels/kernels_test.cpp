@@ -8,6 +8,7 @@
 #include <limits>
 #include <memory>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -161,6 +162,42 @@ TEST(Kernels, EveryCodecMatchesFp64ReferenceOfItsDecoder) {
     // The row-block kernels compile every target this test iterates (AVX3_DL included): each is really run.
     EXPECT_STREQ(block_target_name(), hwy::TargetName(target));
     expect_every_codec_matches(pool, rng);
+  }
+  hwy::SetSupportedTargetsForTest(0);
+}
+
+// Affine tensors whose every bias is -2^(bits-1) scale (GGUF Q4_0, Q5_0 and Q8_0 as they load) are prepared with
+// the scale alone, read as such (weight_bytes leaves the biases out), and still match the fp64 reference, on every
+// target; one other bias brings the biases back.
+TEST(Kernels, AffineWithOffsetBiasesKeepsTheScaleAlone) {
+  ThreadPool pool(2);
+  std::mt19937 rng(22);
+  const codec::Codec& c = *codec::find_codec("affine");
+  const auto array = [](Encoded& e, std::string_view role) -> TensorBuffer& {
+    for (auto& [name, buffer] : e.encoded.arrays)
+      if (name == role) return buffer;
+    throw std::logic_error("no array");
+  };
+  for (const int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    for (const int bits : {4, 5, 8})
+      for (const int64_t cols : {int64_t{33}, int64_t{544}}) {
+        const std::string what = fmt::format("affine {} bits [37, {}] on {}", bits, cols, simd::target_name());
+        Encoded e = encode(c, {{"bits", bits}, {"group_size", 32}, {"scale_dtype", "f16"}}, {37, cols}, rng);
+        TensorBuffer &scales = array(e, "scales"), &biases = array(e, "biases");
+        const size_t n = scales.bytes.size() / 2;
+        const auto offset = static_cast<float>(1 << (bits - 1));
+        for (size_t i = 0; i < n; ++i)
+          store_float(DType::F16, biases.bytes.data(), i, -offset * load_float(DType::F16, scales.bytes.data(), i));
+        e.ref.arrays = e.encoded.views();
+        const uint64_t without_biases = array(e, "codes").bytes.size() + scales.bytes.size();
+        const auto kernel = prepare_cpu(e.ref);
+        EXPECT_EQ(kernel->weight_bytes(), without_biases) << what;
+        for (const int64_t m : {int64_t{1}, int64_t{3}}) expect_matmul_matches(*kernel, e.ref, m, rng, pool, what);
+        expect_gather_matches(*kernel, e.ref, rng, what);
+        store_float(DType::F16, biases.bytes.data(), n - 1, 0.0f);
+        EXPECT_EQ(prepare_cpu(e.ref)->weight_bytes(), without_biases + biases.bytes.size()) << what;
+      }
   }
   hwy::SetSupportedTargetsForTest(0);
 }

@@ -4,7 +4,8 @@
 // - Q4_1 and Q5_1 (value q*d + m, f16 d and m) are affine 4/5 bits, group 32, scale d and bias m, in the same
 //   bytes; Q4_0, Q5_0 and Q8_0 (value (q - o)*d, o = 8, 16, 128) are affine with bias -o*d, which f16 holds
 //   exactly (a power-of-two multiple) unless it overflows. These three cost 2 bytes more per block of 32 than the
-//   GGUF (the stored bias): 4.5 -> 5, 5.5 -> 6 and 8.5 -> 9 bits per weight.
+//   GGUF (the stored bias): 4.5 -> 5, 5.5 -> 6 and 8.5 -> 9 bits per weight while loading; the CPU kernel, seeing
+//   every bias at -o*d, keeps the scale alone and reads the file's 4.5, 5.5 and 8.5.
 // - Q4_K and Q5_K (super-blocks of 256: f16 d and dmin, a 6-bit scale sc_j and min m_j per sub-block of 32, value
 //   d sc_j q - dmin m_j) are affine 4/5 bits, group 32, scale d sc_j and bias -dmin m_j, which need f32: 4.5 -> 6
 //   and 5.5 -> 7 bits per weight, against 32 dequantized.
