@@ -5,7 +5,7 @@
 // head included). "model" multiplies every distinct matrix (the real working set: every byte from beyond L2);
 // "hot" one layer's matrices and a 1/16 slice of the head, repeated to the same weight count (a few MB, near the
 // core). Milliseconds per step (median and min over the rounds, the four interleaved) and GB/s of weights.
-//   bench_decode_layout [threads] [rounds]
+//   bench_decode_layout [threads] [rounds]   (other arguments, such as ./run bench's benchmark flags, are ignored)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -80,8 +80,14 @@ double run(const Step& s, lowbit::ThreadPool& pool, std::vector<float>& x, std::
 }  // namespace
 
 int main(int argc, char** argv) {
-  const size_t threads = argc > 1 ? std::strtoul(argv[1], nullptr, 10) : 1;
-  const int rounds = argc > 2 ? std::atoi(argv[2]) : 20;
+  std::vector<long> numbers;  // the numeric arguments: threads, rounds
+  for (int i = 1; i < argc; ++i) {
+    char* end = nullptr;
+    const long v = std::strtol(argv[i], &end, 10);
+    if (*argv[i] != '\0' && *end == '\0' && v > 0) numbers.push_back(v);
+  }
+  const auto threads = static_cast<size_t>(numbers.size() > 0 ? numbers[0] : 1);
+  const int rounds = static_cast<int>(numbers.size() > 1 ? std::min(numbers[1], 1000L) : 20);
   lowbit::set_default_threads(threads);
   lowbit::ThreadPool pool(threads);
   const char* names[4] = {"gguf model", "artifact model", "gguf hot", "artifact hot"};
