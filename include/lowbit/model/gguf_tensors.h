@@ -11,7 +11,7 @@
 //   and 5.5 -> 7 bits per weight, against 32 dequantized.
 // - Q6_K (super-blocks of 256: f16 d, an int8 scale sc_j per sub-block of 16, value d sc_j (q - 32)) is affine 6
 //   bits, group 16 (the one affine layout with groups of 16), scale d sc_j and bias -32 d sc_j in f32: 6.56 -> 10
-//   bits per weight.
+//   bits per weight while loading, 8 in the CPU kernel (the scale alone, as for Q8_0).
 // Metadata is f16 where every scale and bias of the tensor is exact in f16, else f32. Every product and sum of the
 // affine formula is exact in f32 for these codes and values, so the decoded weights are bit-identical to ggml's
 // dequantize_row_*. F32, F16 and BF16 stay dense in their own dtype. Other types (Q2_K and Q3_K, whose codes and

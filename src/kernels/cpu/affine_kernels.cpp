@@ -15,8 +15,8 @@ namespace lowbit::kernels {
 namespace {
 
 // Whether every group's bias is -offset scale (finite): then w = scale (q - offset) exactly, and the records
-// need not hold the biases. GGUF Q4_0, Q5_0 and Q8_0 load as affine this way (offset 2^(bits-1)), so their
-// kernels read 4.5, 5.5 and 8.5 bits per weight, as the file stores them, instead of 5, 6 and 9.
+// need not hold the biases. GGUF Q4_0, Q5_0, Q8_0 and Q6_K load as affine this way (offset 2^(bits-1)), so their
+// kernels read 4.5, 5.5, 8.5 and 8 bits per weight instead of 5, 6, 9 and 10.
 bool biases_are_offset(const TensorView& scales, const TensorView& biases, DType dtype, float offset) {
   const size_t n = scales.bytes.size() / dtype_size(dtype);
   for (size_t i = 0; i < n; ++i) {
