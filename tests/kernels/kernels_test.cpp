@@ -321,6 +321,7 @@ TEST(Kernels, FusedMatricesMatchTheirParts) {
     std::vector<Encoded> parts;
     for (const int64_t rows : {5, 3, 8}) parts.push_back(encode(c, params, {rows, 96}, rng));
     std::vector<codec::TensorRef> refs;
+    refs.reserve(parts.size());
     for (const Encoded& p : parts) refs.push_back(p.ref);
     std::unique_ptr<CpuLinear> fused;
     try {
