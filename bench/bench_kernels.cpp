@@ -34,6 +34,8 @@ const std::map<std::string, std::vector<Params>>& bench_params() {
     t["dense"] = {{{"dtype", "bf16"}}, {{"dtype", "f16"}}, {{"dtype", "f32"}}};
     for (int bits : {2, 3, 4, 5, 6, 8})
       t["affine"].push_back({{"bits", bits}, {"group_size", 64}, {"scale_dtype", "bf16"}});
+    // GGUF Q4_1 and Q8_0 as they load (group 32, f16 metadata).
+    for (int bits : {4, 8}) t["affine"].push_back({{"bits", bits}, {"group_size", 32}, {"scale_dtype", "f16"}});
     for (const char* precision : {"q3", "q3_full8", "q4"}) t["offset_scale"].push_back({{"precision", precision}});
     t["two_plane"] = {{{"storage", "planes"}, {"metadata", "full"}},
                       {{"storage", "quint5"}, {"metadata", "slim"}},
@@ -82,7 +84,8 @@ void BM_ReadBandwidth(benchmark::State& state) {
     });
     benchmark::DoNotOptimize(sums.data());
     seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    bytes += static_cast<double>(n / chunks * chunks * sizeof(uint64_t));
+    const size_t read = n / chunks * chunks * sizeof(uint64_t);  // the whole chunks summed
+    bytes += static_cast<double>(read);
   }
   g_read_gbps = bytes / seconds / 1e9;
   state.counters["GB/s"] = g_read_gbps;
@@ -141,7 +144,7 @@ const Copies& copies_for(const lowbit::codec::Codec& codec, const Params& params
   return *cached;
 }
 
-void BM_Matvec(benchmark::State& state, const lowbit::codec::Codec* codec, Params params, int64_t rows,
+void BM_Matvec(benchmark::State& state, const lowbit::codec::Codec* codec, const Params& params, int64_t rows,
                int64_t cols) {
   const Copies& copies = copies_for(*codec, params, rows, cols);
   std::vector<float> x(static_cast<size_t>(cols), 0.01f), y(static_cast<size_t>(rows));
@@ -166,7 +169,7 @@ void BM_Matvec(benchmark::State& state, const lowbit::codec::Codec* codec, Param
 
 // The compute ceiling: one thread on one copy of a [1024 x 4096] weight that stays in cache; GB/s of weight
 // bytes per core (CPU time), to set against the per-core share of the read bandwidth.
-void BM_MatvecHot(benchmark::State& state, const lowbit::codec::Codec* codec, Params params) {
+void BM_MatvecHot(benchmark::State& state, const lowbit::codec::Codec* codec, const Params& params) {
   const int64_t rows = 1024, cols = 4096;
   const auto weights = random_weights(rows, cols);
   const auto tensor = codec->encode(params, {rows, cols}, weights.data(), {});

@@ -8,7 +8,9 @@
 #include <limits>
 #include <memory>
 #include <random>
+#include <stdexcept>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #ifndef HWY_WANT_AVX3_DL
@@ -165,6 +167,46 @@ TEST(Kernels, EveryCodecMatchesFp64ReferenceOfItsDecoder) {
   hwy::SetSupportedTargetsForTest(0);
 }
 
+// Affine tensors whose every bias is -2^(bits-1) scale (GGUF Q4_0, Q5_0, Q8_0 and Q6_K as they load) are prepared with
+// the scale alone, read as such (weight_bytes leaves the biases out), and still match the fp64 reference, on every
+// target; one other bias brings the biases back.
+TEST(Kernels, AffineWithOffsetBiasesKeepsTheScaleAlone) {
+  ThreadPool pool(2);
+  std::mt19937 rng(22);
+  const codec::Codec& c = *codec::find_codec("affine");
+  const auto array = [](Encoded& e, std::string_view role) -> TensorBuffer& {
+    for (auto& [name, buffer] : e.encoded.arrays)
+      if (name == role) return buffer;
+    throw std::logic_error("no array");
+  };
+  for (const int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    for (const auto& [bits, group, name, dtype] :
+         {std::tuple{4, 32, "f16", DType::F16}, std::tuple{5, 32, "f16", DType::F16},
+          std::tuple{8, 32, "f16", DType::F16}, std::tuple{6, 16, "f32", DType::F32}})
+      for (const int64_t cols : {int64_t{33}, int64_t{544}}) {
+        const std::string what =
+            fmt::format("affine {} bits g{} [37, {}] on {}", bits, group, cols, simd::target_name());
+        const Params params{{"bits", bits}, {"group_size", group}, {"scale_dtype", name}};
+        Encoded e = encode(c, params, {37, cols}, rng);
+        TensorBuffer &scales = array(e, "scales"), &biases = array(e, "biases");
+        const size_t n = scales.bytes.size() / dtype_size(dtype);
+        const auto offset = static_cast<float>(1 << (bits - 1));
+        for (size_t i = 0; i < n; ++i)
+          store_float(dtype, biases.bytes.data(), i, -offset * load_float(dtype, scales.bytes.data(), i));
+        e.ref.arrays = e.encoded.views();
+        const uint64_t without_biases = array(e, "codes").bytes.size() + scales.bytes.size();
+        const auto kernel = prepare_cpu(e.ref);
+        EXPECT_EQ(kernel->weight_bytes(), without_biases) << what;
+        for (const int64_t m : {int64_t{1}, int64_t{3}}) expect_matmul_matches(*kernel, e.ref, m, rng, pool, what);
+        expect_gather_matches(*kernel, e.ref, rng, what);
+        store_float(dtype, biases.bytes.data(), n - 1, 0.0f);
+        EXPECT_EQ(prepare_cpu(e.ref)->weight_bytes(), without_biases + biases.bytes.size()) << what;
+      }
+  }
+  hwy::SetSupportedTargetsForTest(0);
+}
+
 TEST(Kernels, LargeBatchCrossesTileAndChunkBoundaries) {
   ThreadPool pool(2);
   std::mt19937 rng(7);
@@ -279,6 +321,7 @@ TEST(Kernels, FusedMatricesMatchTheirParts) {
     std::vector<Encoded> parts;
     for (const int64_t rows : {5, 3, 8}) parts.push_back(encode(c, params, {rows, 96}, rng));
     std::vector<codec::TensorRef> refs;
+    refs.reserve(parts.size());
     for (const Encoded& p : parts) refs.push_back(p.ref);
     std::unique_ptr<CpuLinear> fused;
     try {

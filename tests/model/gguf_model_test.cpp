@@ -125,14 +125,14 @@ TEST(GgufModel, TinyLlamaLoadsWithConfigNamesAndValues) {
 }
 
 // The tied Q8_0 token embedding is one packed kernel serving both the row lookup and the LM head: not a dense
-// f32 matrix (4 bytes a weight; affine 8-bit g32 reads 9 bits) and not prepared twice. Its gathered rows are the
-// Q8_0 values exactly.
+// f32 matrix (4 bytes a weight; affine 8-bit g32, its biases -128 scale left out, reads 8.5 bits as the file does)
+// and not prepared twice. Its gathered rows are the Q8_0 values exactly.
 TEST(GgufModel, TiedQ8EmbeddingIsOnePackedKernelForLookupAndHead) {
   const auto model = load_image(tiny_llama(), "lowbit_tiny_llama_tied");
   ASSERT_TRUE(model->config.tied_embeddings);
   EXPECT_EQ(model->find(std::string(kEmbedTensor))->ref.codec->id, "affine");
   EXPECT_EQ(model->lm_head.get(), model->embed.get());
-  EXPECT_EQ(model->lm_head->weight_bytes(), kVocab * kDim * 9 / 8);
+  EXPECT_EQ(model->lm_head->weight_bytes(), kVocab * kDim * 17 / 16);
   std::vector<int32_t> ids(kVocab);
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i);
   std::vector<float> rows(kVocab * kDim);

@@ -4,13 +4,14 @@
 // - Q4_1 and Q5_1 (value q*d + m, f16 d and m) are affine 4/5 bits, group 32, scale d and bias m, in the same
 //   bytes; Q4_0, Q5_0 and Q8_0 (value (q - o)*d, o = 8, 16, 128) are affine with bias -o*d, which f16 holds
 //   exactly (a power-of-two multiple) unless it overflows. These three cost 2 bytes more per block of 32 than the
-//   GGUF (the stored bias): 4.5 -> 5, 5.5 -> 6 and 8.5 -> 9 bits per weight.
+//   GGUF (the stored bias): 4.5 -> 5, 5.5 -> 6 and 8.5 -> 9 bits per weight while loading; the CPU kernel, seeing
+//   every bias at -o*d, keeps the scale alone and reads the file's 4.5, 5.5 and 8.5.
 // - Q4_K and Q5_K (super-blocks of 256: f16 d and dmin, a 6-bit scale sc_j and min m_j per sub-block of 32, value
 //   d sc_j q - dmin m_j) are affine 4/5 bits, group 32, scale d sc_j and bias -dmin m_j, which need f32: 4.5 -> 6
 //   and 5.5 -> 7 bits per weight, against 32 dequantized.
 // - Q6_K (super-blocks of 256: f16 d, an int8 scale sc_j per sub-block of 16, value d sc_j (q - 32)) is affine 6
 //   bits, group 16 (the one affine layout with groups of 16), scale d sc_j and bias -32 d sc_j in f32: 6.56 -> 10
-//   bits per weight.
+//   bits per weight while loading, 8 in the CPU kernel (the scale alone, as for Q8_0).
 // Metadata is f16 where every scale and bias of the tensor is exact in f16, else f32. Every product and sum of the
 // affine formula is exact in f32 for these codes and values, so the decoded weights are bit-identical to ggml's
 // dequantize_row_*. F32, F16 and BF16 stay dense in their own dtype. Other types (Q2_K and Q3_K, whose codes and

@@ -3,6 +3,7 @@
 #include "affine_kernels.h"
 
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "block_kernels.h"
@@ -11,14 +12,33 @@
 
 namespace lowbit::kernels {
 
+namespace {
+
+// Whether every group's bias is -offset scale (finite): then w = scale (q - offset) exactly, and the records
+// need not hold the biases. GGUF Q4_0, Q5_0, Q8_0 and Q6_K load as affine this way (offset 2^(bits-1)), so their
+// kernels read 4.5, 5.5, 8.5 and 8 bits per weight instead of 5, 6, 9 and 10.
+bool biases_are_offset(const TensorView& scales, const TensorView& biases, DType dtype, float offset) {
+  const size_t n = scales.bytes.size() / dtype_size(dtype);
+  for (size_t i = 0; i < n; ++i) {
+    const float scale = load_float(dtype, scales.bytes.data(), i);
+    if (!std::isfinite(scale) || load_float(dtype, biases.bytes.data(), i) != -offset * scale) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
 std::unique_ptr<CpuLinear> prepare_affine(const codec::TensorRef& tensor) {
   namespace af = codec::affine;
   const af::Layout l = af::layout(tensor.params, tensor.shape);
   const int lo_bits = l.bits == 3 ? 2 : l.bits == 5 || l.bits == 6 ? 4 : l.bits;
-  BlockMatrix m(lo_bits, l.bits - lo_bits, BlockMeta::scale_bias, l.scale_dtype, l.rows, l.cols, l.padded_cols,
-                l.group_size);
   const TensorView &codes = tensor.arrays.at("codes"), &scales = tensor.arrays.at("scales"),
                    &biases = tensor.arrays.at("biases");
+  const auto offset = static_cast<float>(1u << (l.bits - 1));
+  const bool scale_only = biases_are_offset(scales, biases, l.scale_dtype, offset);
+  BlockMatrix m(lo_bits, l.bits - lo_bits, scale_only ? BlockMeta::scale_offset : BlockMeta::scale_bias, l.scale_dtype,
+                l.rows, l.cols, l.padded_cols, l.group_size);
+  m.offset = scale_only ? offset : 0.0f;
   const size_t meta_size = dtype_size(l.scale_dtype);
   const uint32_t lo_mask = (1u << lo_bits) - 1u;
   default_pool().parallel_for(static_cast<size_t>(m.blocks()), 16, [&](size_t b0, size_t b1) {
@@ -35,11 +55,12 @@ std::unique_ptr<CpuLinear> prepare_affine(const codec::TensorRef& tensor) {
       for (int64_t g = 0; g < l.groups_per_row(); ++g) {
         const size_t at = static_cast<size_t>(r * l.groups_per_row() + g) * meta_size;
         m.set_meta(r, g, 0, scales.bytes.data() + at);
-        m.set_meta(r, g, 1, biases.bytes.data() + at);
+        if (!scale_only) m.set_meta(r, g, 1, biases.bytes.data() + at);
       }
     }
   });
-  return make_block_linear(std::move(m), codes.bytes.size() + scales.bytes.size() + biases.bytes.size());
+  return make_block_linear(std::move(m),
+                           codes.bytes.size() + scales.bytes.size() + (scale_only ? 0 : biases.bytes.size()));
 }
 
 }  // namespace lowbit::kernels

@@ -157,14 +157,15 @@ HWY_INLINE hn::Vec<DF> Combine(const hn::Vec<DI>* acc) {
 constexpr int64_t kPrefetchBytes = 2048;
 
 // y[r] for the rows of blocks [b0, b1) (rows past m.rows are not written). E: extractions per chunk, 8 (32
-// columns) or 4 (groups of 16: half a chunk, the first half of each plane's words).
-template <int A, int C, bool kTwo, int E>
+// columns) or 4 (groups of 16: half a chunk, the first half of each plane's words). kSets independent
+// accumulator sets (extraction K feeds set K % kSets) give enough vpdpbusd chains to hide their latency within a
+// group; a group of one chunk (16 or 32 columns) takes one set: its products are short chains already, the next
+// group's overlap them, and the sets' sum would cost a sixth of its instructions.
+template <int A, int C, bool kTwo, int E, int kSets>
 LOWBIT_VNNI void MatvecT(const BlockMatrix& m, const BlockActivations& x, size_t b0, size_t b1, float* y) {
   const DF df;
   const DU du;
   constexpr int kTerms = kTwo ? 2 : 1;
-  // Independent accumulator sets (extraction K feeds set K % kSets): enough vpdpbusd chains to hide latency.
-  constexpr int kSets = kTwo ? 2 : 4;
   constexpr int WA = A * E / 8, WC = C * E / 8;  // words of each plane per chunk
   const int64_t groups = m.groups(), chunks = m.group_size / (4 * E), record_bytes = m.record_bytes();
   const int64_t code_bytes = m.code_bytes();
@@ -343,7 +344,10 @@ void WithPlanes(const BlockMatrix& m, Fn&& fn) {
 void Matvec(const BlockMatrix& m, const BlockActivations& x, size_t b0, size_t b1, float* y) {
   WithPlanes(m, [&](auto p) {
     using P = decltype(p);
-    MatvecT<P::kLo, P::kHi, P::kTwoScales, P::kExtractions>(m, x, b0, b1, y);
+    if (m.group_size <= 32)
+      MatvecT<P::kLo, P::kHi, P::kTwoScales, P::kExtractions, 1>(m, x, b0, b1, y);
+    else
+      MatvecT<P::kLo, P::kHi, P::kTwoScales, P::kExtractions, P::kTwoScales ? 2 : 4>(m, x, b0, b1, y);
   });
 }
 
