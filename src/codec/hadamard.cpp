@@ -111,6 +111,10 @@ RandomizedHadamard::RandomizedHadamard(int64_t n, uint64_t seed) : n_(n), seed_(
   m_ = small_factor(n);
   if (m_ == 0) fail(Errc::shape, "[hadamard] size {} has no supported Hadamard matrix", n);
   small_ = small_matrix(m_);
+  small_t_.resize(small_.size());
+  for (int64_t i = 0; i < m_; ++i)
+    for (int64_t j = 0; j < m_; ++j)
+      small_t_[static_cast<size_t>(j * m_ + i)] = small_[static_cast<size_t>(i * m_ + j)];
   signs_.resize(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) signs_[static_cast<size_t>(i)] = random_sign(seed, static_cast<uint64_t>(i));
   norm_ = static_cast<float>(1.0 / std::sqrt(static_cast<double>(n)));
@@ -119,16 +123,19 @@ RandomizedHadamard::RandomizedHadamard(int64_t n, uint64_t seed) : n_(n), seed_(
 void RandomizedHadamard::apply_h(float* x, bool transpose) const {
   const int64_t chunks = n_ / m_;
   if (m_ > 1) {
-    std::vector<float> tmp(static_cast<size_t>(m_));
+    // (H v)_i = sum_j v_j H[i][j] = sum_j v_j H^T[j][i]: with j outside, the inner loop runs along a row of H^T
+    // (of H for the transpose) and vectorizes; each sum still adds its terms in order j = 0 .. m - 1.
+    const std::vector<int8_t>& by_j = transpose ? small_ : small_t_;
+    float tmp[kMaxSmall];
     for (int64_t c = 0; c < chunks; ++c) {
       float* v = x + c * m_;
-      for (int64_t i = 0; i < m_; ++i) {
-        float acc = 0.0f;
-        for (int64_t j = 0; j < m_; ++j)
-          acc += v[j] * small_[static_cast<size_t>(transpose ? j * m_ + i : i * m_ + j)];
-        tmp[static_cast<size_t>(i)] = acc;
+      std::fill_n(tmp, m_, 0.0f);
+      for (int64_t j = 0; j < m_; ++j) {
+        const int8_t* h = by_j.data() + j * m_;
+        const float vj = v[j];
+        for (int64_t i = 0; i < m_; ++i) tmp[i] += vj * static_cast<float>(h[i]);
       }
-      std::copy(tmp.begin(), tmp.end(), v);
+      std::copy_n(tmp, m_, v);
     }
   }
   // Sylvester factor (symmetric): butterflies between chunks of m.

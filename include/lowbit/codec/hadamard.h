@@ -47,7 +47,7 @@ class RandomizedHadamard {
 
   int64_t n_ = 0, m_ = 1;
   uint64_t seed_ = 0;
-  std::vector<int8_t> small_;   // H_m, row-major
+  std::vector<int8_t> small_, small_t_;  // H_m and its transpose, row-major
   std::vector<float> signs_;    // D
   float norm_ = 1.0f;           // 1 / sqrt(n)
 };
