@@ -1,4 +1,5 @@
-// Trellis decode: batch-1 matvec and m = 16 matmul at [4096 x 4096] and [14336 x 4096] on all cores, with
+// Trellis decode (1MAD and 3INST, the latter on the AVX-512 FP16 path where the CPU has it): batch-1 matvec and
+// m = 16 matmul at [4096 x 4096] and [14336 x 4096] on all cores, with
 // random codes (every bit pattern is a valid stream, and the decode cost does not depend on the codes), so
 // that L = 16 is measured without hours of Viterbi. Reports GB/s of weight bytes read and bits per weight.
 #include <benchmark/benchmark.h>
@@ -6,11 +7,12 @@
 #include <random>
 #include <vector>
 
-#include "simd.h"
 #include "lowbit/codec/codec.h"
 #include "lowbit/codec/trellis.h"
 #include "lowbit/core/thread_pool.h"
 #include "lowbit/kernels/cpu.h"
+#include "simd.h"
+#include "trellis_avx512.h"
 
 namespace {
 
@@ -38,8 +40,13 @@ lowbit::codec::EncodedTensor random_trellis(const Params& params, const lowbit::
 
 void BM_TrellisMatmul(benchmark::State& state) {
   const int L = static_cast<int>(state.range(0)), k = static_cast<int>(state.range(1));
-  const int64_t rows = state.range(2), cols = state.range(3), m = state.range(4);
-  const Params params{{"L", L}, {"k", k}, {"code", "1mad"}, {"rotate", "input"}, {"input_seed", 1}};
+  const auto code = state.range(2) == 0 ? lowbit::codec::trellis::Code::mad1 : lowbit::codec::trellis::Code::inst3;
+  const int64_t rows = state.range(3), cols = state.range(4), m = state.range(5);
+  const Params params{{"L", L},
+                      {"k", k},
+                      {"code", code == lowbit::codec::trellis::Code::mad1 ? "1mad" : "3inst"},
+                      {"rotate", "input"},
+                      {"input_seed", 1}};
   const lowbit::Shape shape{rows, cols};
   const lowbit::codec::EncodedTensor t = random_trellis(params, shape);
   const lowbit::codec::Codec& codec = *lowbit::codec::find_codec("trellis");
@@ -52,13 +59,13 @@ void BM_TrellisMatmul(benchmark::State& state) {
   }
   state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(kernel->weight_bytes()));
   state.counters["bits/w"] = lowbit::codec::bits_per_weight(codec, t.params, shape);
-  state.SetLabel(lowbit::kernels::simd::target_name());
+  state.SetLabel(lowbit::kernels::trellis_avx512::usable(code) ? "AVX-512 FP16" : lowbit::kernels::simd::target_name());
 }
 
 BENCHMARK(BM_TrellisMatmul)
-    ->ArgNames({"L", "k", "rows", "cols", "m"})
-    ->ArgsProduct({{12, 16}, {2, 4}, {4096}, {4096}, {1, 16}})
-    ->Args({16, 2, 14336, 4096, 1})
+    ->ArgNames({"L", "k", "code", "rows", "cols", "m"})  // code 0: 1MAD, 1: 3INST
+    ->ArgsProduct({{12, 16}, {2, 4}, {0, 1}, {4096}, {4096}, {1, 16}})
+    ->Args({16, 2, 1, 14336, 4096, 1})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 

@@ -372,28 +372,36 @@ TEST(Simd, HelpersMatchScalarOnOddLengths) {
 
 // The trellis kernel computes code values in lanes instead of reading codec::trellis::code_table: with one-hot
 // activations (no rotation) each output is one weight, code value times scale, and must equal the decoder's
-// bit for bit, on both the one-row and the batched path, for both codes and the presets' L and k.
+// bit for bit, on both the one-row and the batched path, for both codes, every k and the presets' L, on every
+// Highway target (AVX3_DL also runs the AVX-512 FP16 path for 3INST where the CPU has it: trellis_avx512.h).
 TEST(Kernels, TrellisOneHotColumnsEqualTheDecoderExactly) {
   std::mt19937 rng(13);
   ThreadPool pool(2);
   const codec::Codec& c = *codec::find_codec("trellis");
-  for (const auto& params : {Params{{"L", 16}, {"k", 2}, {"code", "1mad"}, {"rotate", "none"}},
-                             Params{{"L", 12}, {"k", 4}, {"code", "3inst"}, {"rotate", "none"}},
-                             Params{{"L", 16}, {"k", 3}, {"code", "3inst"}, {"rotate", "none"}}}) {
-    const int64_t rows = 32, cols = 48;
-    const Encoded e = encode(c, params, {rows, cols}, rng);
-    const auto w = codec::decode_all(e.ref);
-    const auto kernel = prepare_cpu(e.ref);
-    for (const int64_t m : {int64_t{1}, int64_t{2}})
-      for (int64_t j = 0; j < cols; ++j) {
-        std::vector<float> x(static_cast<size_t>(m * cols), 0.0f), y(static_cast<size_t>(m * rows));
-        for (int64_t i = 0; i < m; ++i) x[i * cols + (j + i) % cols] = 1.0f;
-        kernel->matmul(x.data(), m, y.data(), pool);
-        for (int64_t i = 0; i < m; ++i)
-          for (int64_t r = 0; r < rows; ++r)
-            ASSERT_EQ(y[i * rows + r], w[r * cols + (j + i) % cols]) << params.dump() << " m=" << m << " col " << j;
-      }
+  std::vector<Encoded> tensors;
+  for (const auto& [L, k, code] :
+       {std::tuple{16, 2, "1mad"}, std::tuple{12, 1, "3inst"}, std::tuple{12, 2, "3inst"}, std::tuple{12, 3, "3inst"},
+        std::tuple{12, 4, "3inst"}, std::tuple{16, 3, "3inst"}, std::tuple{16, 4, "3inst"}})
+    tensors.push_back(encode(c, Params{{"L", L}, {"k", k}, {"code", code}, {"rotate", "none"}}, {32, 48}, rng));
+  for (const int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    for (const Encoded& e : tensors) {
+      const int64_t rows = e.ref.shape[0], cols = e.ref.shape[1];
+      const std::string what = fmt::format("{} on {}", e.ref.params.dump(), simd::target_name());
+      const auto w = codec::decode_all(e.ref);
+      const auto kernel = prepare_cpu(e.ref);
+      for (const int64_t m : {int64_t{1}, int64_t{2}})
+        for (int64_t j = 0; j < cols; ++j) {
+          std::vector<float> x(static_cast<size_t>(m * cols), 0.0f), y(static_cast<size_t>(m * rows));
+          for (int64_t i = 0; i < m; ++i) x[i * cols + (j + i) % cols] = 1.0f;
+          kernel->matmul(x.data(), m, y.data(), pool);
+          for (int64_t i = 0; i < m; ++i)
+            for (int64_t r = 0; r < rows; ++r)
+              ASSERT_EQ(y[i * rows + r], w[r * cols + (j + i) % cols]) << what << " m=" << m << " col " << j;
+        }
+    }
   }
+  hwy::SetSupportedTargetsForTest(0);
 }
 
 // attend_head against softmax attention in f64, over lengths and head sizes that leave vector remainders.

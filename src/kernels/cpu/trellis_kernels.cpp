@@ -166,6 +166,7 @@ HWY_AFTER_NAMESPACE();
 #include "lowbit/codec/hadamard.h"
 #include "lowbit/core/thread_pool.h"
 #include "simd.h"
+#include "trellis_avx512.h"
 #include "trellis_kernels.h"
 
 namespace lowbit::kernels {
@@ -181,7 +182,8 @@ namespace tr = codec::trellis;
 
 class TrellisLinear final : public CpuLinear {
  public:
-  explicit TrellisLinear(const codec::TensorRef& t) : tensor_(t), layout_(tr::parse_layout(t.params, t.shape)) {
+  explicit TrellisLinear(const codec::TensorRef& t)
+      : tensor_(t), layout_(tr::parse_layout(t.params, t.shape)), avx512_(trellis_avx512::usable(layout_.code)) {
     if (layout_.rotate_input) r_in_.emplace(layout_.padded_cols, layout_.input_seed);
     if (layout_.rotate_output) r_out_.emplace(layout_.padded_rows, layout_.output_seed);
     codes_ = t.arrays.at("codes").bytes.data();
@@ -208,9 +210,13 @@ class TrellisLinear final : public CpuLinear {
     if (m == 1) {
       const auto col_tiles = static_cast<size_t>(layout_.col_tiles());
       pool.parallel_for(static_cast<size_t>(layout_.row_tiles()), 1, [&](size_t t0, size_t t1) {
-        HWY_DYNAMIC_DISPATCH(trellis_simd::MatvecTileRows)
-        (codes_, col_tiles, layout_.k, layout_.L, layout_.code, scales_.data(), xr.data(), t0, t1,
-         yr.data() + t0 * tr::kTileDim);
+        float* out = yr.data() + t0 * tr::kTileDim;
+        if (avx512_)
+          trellis_avx512::matvec_tile_rows(codes_, col_tiles, layout_.k, layout_.L, scales_.data(), xr.data(), t0, t1,
+                                           out);
+        else
+          HWY_DYNAMIC_DISPATCH(trellis_simd::MatvecTileRows)
+        (codes_, col_tiles, layout_.k, layout_.L, layout_.code, scales_.data(), xr.data(), t0, t1, out);
       });
     } else {
       const size_t k_chunk = std::min<size_t>(pc, 1024);
@@ -238,11 +244,17 @@ class TrellisLinear final : public CpuLinear {
   void decode(size_t r0, size_t k0, size_t k1, float* out, size_t stride) const {
     const size_t wpt = static_cast<size_t>(layout_.words_per_tile());
     const size_t tile_row = r0 / tr::kTileDim;
+    const std::byte* codes =
+        codes_ + (tile_row * static_cast<size_t>(layout_.col_tiles()) + k0 / tr::kTileDim) * wpt * 2;
+    if (avx512_) {
+      trellis_avx512::decode_tiles(codes, (k1 - k0) / tr::kTileDim, layout_.k, layout_.L, scales_.data() + r0, out,
+                                   stride);
+      return;
+    }
     float tile[tr::kBlock];
     for (size_t c0 = k0; c0 < k1; c0 += tr::kTileDim) {
-      const size_t index = tile_row * static_cast<size_t>(layout_.col_tiles()) + c0 / tr::kTileDim;
       HWY_DYNAMIC_DISPATCH(trellis_simd::DecodeTile)
-      (codes_ + index * wpt * 2, layout_.k, layout_.L, layout_.code, scales_.data() + r0, tile);
+      (codes + (c0 - k0) / tr::kTileDim * wpt * 2, layout_.k, layout_.L, layout_.code, scales_.data() + r0, tile);
       for (int r = 0; r < tr::kTileDim; ++r)
         std::copy_n(tile + r * tr::kTileDim, tr::kTileDim, out + r * stride + (c0 - k0));
     }
@@ -250,6 +262,7 @@ class TrellisLinear final : public CpuLinear {
 
   codec::TensorRef tensor_;
   tr::Layout layout_;
+  bool avx512_;  // trellis_avx512.h's path, chosen once (hwy::SupportedTargets is not cheap)
   std::optional<codec::hadamard::RandomizedHadamard> r_in_, r_out_;
   const std::byte* codes_ = nullptr;  // [row_tiles, col_tiles, 16 k] U16, possibly unaligned
   std::vector<float> scales_;         // per padded row
