@@ -38,9 +38,12 @@ llamacpp_build() {
         tar -xzf "$sdist" -C "$cache/src"
     fi
     if [[ ! -x $LLAMACPP_BIN/llama-perplexity ]]; then
-        # Shared libraries so that the Python binding loads the same libllama as the tools.
+        # Shared libraries so that the Python binding loads the same libllama as the tools. No AMX: a VM whose CPUID
+        # shows AMX without granting the tile state (this project's Sapphire Rapids VMs) faults on tileloadd.
         cmake -S "$LLAMACPP_SRC/vendor/llama.cpp" -B "$cache/llama.cpp-build" -G Ninja \
             -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DGGML_CUDA=OFF \
+            -DCMAKE_C_FLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16" \
+            -DCMAKE_CXX_FLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16" \
             -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DBUILD_SHARED_LIBS=ON >/dev/null
         nice -n 10 cmake --build "$cache/llama.cpp-build" -j "$THREADS" --target llama llama-simple \
             llama-perplexity llama-quantize llama-imatrix llama-bench llama-tokenize llama-completion
