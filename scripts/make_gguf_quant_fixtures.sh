@@ -21,7 +21,9 @@
 #     cmake -S $LLAMACPP_SRC/vendor/llama.cpp -B /work/refs/llama.cpp-build -G Ninja -DCMAKE_BUILD_TYPE=Release \
 #       -DBUILD_SHARED_LIBS=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF
 #     ninja -C /work/refs/llama.cpp-build llama-quantize llama-imatrix llama-perplexity
-#   (GGML_NATIVE, on an AVX-512 machine). The quantized files and digests do not depend on the CPU; llama.cpp's
+#   (GGML_NATIVE, on an AVX-512 machine); Q2_K was added 2026-12-06 with a rebuild of the same sdist (GGML_NATIVE,
+#   AVX-512), which reproduced the committed Q4_K_M file, digests and both logit sets exactly, so only Q2_K's file
+#   and entries were written. The quantized files and digests do not depend on the CPU; llama.cpp's
 #   logits do, a little: that build's Q4_1 logits of the 32-block fixtures differ from the committed ones by up to
 #   0.07 (its other types' not at all): after regenerating with another build, re-check the tests' measured margins.
 set -euo pipefail

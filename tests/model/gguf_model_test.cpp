@@ -364,16 +364,16 @@ TEST_P(GgufPacked, CpuOnlyLoadGathersGgmlRowsAndReleasesTheCopiedArrays) {
 INSTANTIATE_TEST_SUITE_P(LlamaQuantize, GgufPacked, ::testing::Values("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL"));
 
 // tests/model/fixtures/gguf_quant/wide/: a random llama with 256-wide rows quantized by llama-quantize's mixed
-// recipes (Q4_K_M; IQ1_S, IQ1_M, IQ2_XS, IQ3_XXS, IQ4_XS with an importance matrix), with the SHA-256 of ggml's own
-// dequantization of every tensor, llama.cpp's logits on each file, and llama.cpp's logits on an f32 copy of each
+// recipes (Q4_K_M, Q2_K; IQ1_S, IQ1_M, IQ2_XS, IQ3_XXS, IQ4_XS with an importance matrix), with the SHA-256 of ggml's
+// own dequantization of every tensor, llama.cpp's logits on each file, and llama.cpp's logits on an f32 copy of each
 // holding ggml's dequantized values (scripts/make_gguf_quant_fixtures.sh).
 const fs::path kWideFixtures = kQuantFixtures / "wide";
 
-// Both of the largest |logit| (12.7 to 15.7 here), measured 2026-12-05 against the llama.cpp of llama-cpp-python
-// 0.3.36. On the quantized files llama.cpp rounds the activations to 8 bits per block of 256 (Q8_K) before each
-// quantized matmul, lowbit keeps them f32: 1.1% (IQ2_XS), 1.3% (IQ1_S), 1.5% (Q4_K_M), 1.7% (IQ4_XS), 1.8%
-// (IQ3_XXS), 2.1% (IQ1_M) apart, and llama.cpp's own quantized and f32 runs of the same weights differ by the
-// same amounts (to 0.01%), so that is all llama.cpp's rounding. On the f32 copies (no activation rounding; only
+// Both of the largest |logit| (12.7 to 15.7 here), measured 2026-12-05 (Q2_K 2026-12-06) against the llama.cpp of
+// llama-cpp-python 0.3.36. On the quantized files llama.cpp rounds the activations to 8 bits per block of 256 (Q8_K)
+// before each quantized matmul, lowbit keeps them f32: 1.1% (IQ2_XS), 1.2% (Q2_K), 1.3% (IQ1_S), 1.5% (Q4_K_M), 1.7%
+// (IQ4_XS), 1.8% (IQ3_XXS), 2.1% (IQ1_M) apart, and llama.cpp's own quantized and f32 runs of the same weights differ
+// by the same amounts (to 0.01%), so that is all llama.cpp's rounding. On the f32 copies (no activation rounding; only
 // llama.cpp's f16 KV cache differs) they agree to 0.030% .. 0.039%.
 constexpr double kLlamaCppWideTolerance = 0.04;
 constexpr double kLlamaCppF32Tolerance = 2e-3;
