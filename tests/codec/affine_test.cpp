@@ -32,6 +32,7 @@ std::vector<uint32_t> codes_of(const EncodedTensor& t) {
 // the larger-magnitude endpoint (here max = 2^b - 1) at bias with scale -1, so code = (2^b - 1) - w.
 std::vector<float> weights_for_codes(const std::vector<uint32_t>& codes, int bits) {
   std::vector<float> w;
+  w.reserve(codes.size());
   for (uint32_t q : codes) w.push_back(static_cast<float>((1u << bits) - 1u - q));
   return w;
 }

@@ -332,6 +332,7 @@ TEST_F(CudaModelTest, SplitArgmaxMatchesCpuArgmax) {
     logits[static_cast<size_t>(2 * vocab - 1)] = 7.0f;  // row 1: the last element
     logits[static_cast<size_t>(2 * vocab + 123)] = std::nanf("");  // row 2: NaN among ordinary values
     std::vector<int32_t> want;
+    want.reserve(kBatch);
     for (int b = 0; b < kBatch; ++b) want.push_back(argmax(std::span(logits).subspan(b * vocab, vocab)));
     ASSERT_EQ(want[0], 9000);
     const auto buffer = [](size_t bytes, const void* host) {
@@ -340,7 +341,7 @@ TEST_F(CudaModelTest, SplitArgmaxMatchesCpuArgmax) {
       return b;
     };
     const kc::DeviceBuffer dl = buffer(logits.size() * sizeof(float), logits.data());
-    const size_t parts = static_cast<size_t>(kBatch * kc::argmax_blocks(vocab));
+    const size_t parts = static_cast<size_t>(kBatch) * static_cast<size_t>(kc::argmax_blocks(vocab));
     kc::DeviceBuffer values(parts * sizeof(float)), indices(parts * sizeof(int32_t)), counters(kBatch * 4), next(kBatch * 4);
     counters.fill(0);
     const std::vector<int32_t> pos0{5, 6, 7};
