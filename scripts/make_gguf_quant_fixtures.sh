@@ -6,10 +6,10 @@
 # (llamacpp_logits.py), which tests/model/gguf_model_test.cpp compares lowbit's packed load against.
 # Then tests/model/fixtures/gguf_quant/wide/: a random llama whose matrix rows are 256 wide (gguf_random_llama.py;
 # K-quants and IQ types need super-blocks of 256) quantized by llama-quantize with its mixed recipes (not --pure)
-# to Q4_K_M (no imatrix, as most published Q4_K_M files) and, with an importance matrix from llama-imatrix on a
-# seeded random text, IQ1_S, IQ1_M, IQ2_XS, IQ3_XXS and IQ4_XS. Together they hold every IQ type (IQ2_XXS comes in
-# IQ1_S's attn_output, IQ2_S and IQ3_S in IQ3_XXS's) and Q2_K, Q4_K, Q5_K, Q6_K; the IQ2_XXS, IQ2_S and IQ3_S
-# recipes would add no type. With the SHA-256 of ggml's own dequantization of each tensor (ggml_dequant.json,
+# to Q4_K_M and Q2_K (no imatrix, as most published files of those recipes; Q2_K's mixes Q2_K, Q3_K, Q4_K and
+# Q6_K matrices) and, with an importance matrix from llama-imatrix on a seeded random text, IQ1_S, IQ1_M, IQ2_XS,
+# IQ3_XXS and IQ4_XS. Together they hold every IQ type (IQ2_XXS comes in IQ1_S's attn_output, IQ2_S and IQ3_S in
+# IQ3_XXS's) and Q2_K, Q3_K, Q4_K, Q5_K, Q6_K; the IQ2_XXS, IQ2_S and IQ3_S recipes would add no type. With the SHA-256 of ggml's own dequantization of each tensor (ggml_dequant.json,
 # ggml_dequantize.py), llama.cpp's logits on each file (llamacpp_logits.json) and on its f32 copy holding those
 # dequantized values (llamacpp_logits_f32.json: the same weights without llama.cpp's 8-bit activation rounding).
 # Last tests/model/fixtures/gguf_quant/moe/: the qwen3_moe family fixture with its merged gate/up expert tensors in
@@ -21,7 +21,9 @@
 #     cmake -S $LLAMACPP_SRC/vendor/llama.cpp -B /work/refs/llama.cpp-build -G Ninja -DCMAKE_BUILD_TYPE=Release \
 #       -DBUILD_SHARED_LIBS=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF
 #     ninja -C /work/refs/llama.cpp-build llama-quantize llama-imatrix llama-perplexity
-#   (GGML_NATIVE, on an AVX-512 machine). The quantized files and digests do not depend on the CPU; llama.cpp's
+#   (GGML_NATIVE, on an AVX-512 machine); Q2_K was added 2026-12-06 with a rebuild of the same sdist (GGML_NATIVE,
+#   AVX-512), which reproduced the committed Q4_K_M file, digests and both logit sets exactly, so only Q2_K's file
+#   and entries were written. The quantized files and digests do not depend on the CPU; llama.cpp's
 #   logits do, a little: that build's Q4_1 logits of the 32-block fixtures differ from the committed ones by up to
 #   0.07 (its other types' not at all): after regenerating with another build, re-check the tests' measured margins.
 set -euo pipefail
@@ -50,7 +52,7 @@ mv "$out/llamacpp_logits.json.part" "$out/llamacpp_logits.json"
 ls -l "$out"
 
 wide=$out/wide
-wide_types="Q4_K_M IQ1_S IQ1_M IQ2_XS IQ3_XXS IQ4_XS"
+wide_types="Q4_K_M Q2_K IQ1_S IQ1_M IQ2_XS IQ3_XXS IQ4_XS"
 "$python" scripts/gguf_random_llama.py "$tmp/wide.gguf"
 "$python" -c "
 import random
@@ -65,7 +67,7 @@ mkdir -p "$wide"
 specs=()
 for t in $wide_types; do
   imatrix=(--imatrix imatrix.gguf)
-  [ "$t" = Q4_K_M ] && imatrix=()
+  case $t in Q4_K_M | Q2_K) imatrix=() ;; esac
   (cd "$tmp" && "$bin/llama-quantize" "${imatrix[@]}" wide.gguf "$repo/$wide/model.$t.gguf.part" "$t" 1 >/dev/null 2>&1)
   mv "$wide/model.$t.gguf.part" "$wide/model.$t.gguf"
   specs+=("$t=$wide/model.$t.gguf")

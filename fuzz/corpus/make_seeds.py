@@ -75,7 +75,7 @@ put("fuzz_gguf", "q8_tensor.gguf", gguf([("general.architecture", kv_str("llama"
 
 # One 2 x 256 matrix of each super-block type (K-quants and IQ types: ggml type id, bytes per block of 256), filled
 # with a fixed byte pattern whose f16 fields read as small finite numbers, so the fuzzer starts inside every
-# dequantizer's grid and scale decoding and the packed (affine) re-expression of Q4_K / Q5_K.
+# dequantizer's grid and scale decoding and the packed (affine) re-expression of Q2_K .. Q6_K.
 super_blocks = {10: 84, 11: 110, 12: 144, 13: 176, 14: 210, 16: 66, 17: 74, 18: 98, 19: 50, 21: 110, 22: 82, 23: 136,
                 29: 56}
 put("fuzz_gguf", "super_blocks.gguf", gguf([("general.architecture", kv_str("llama"))],

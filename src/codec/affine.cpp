@@ -114,7 +114,8 @@ struct EncodeTarget {
 void encode_row(const Layout& l, const float* row, int64_t r, const EncodeOptions& options, EncodeTarget out) {
   const float max_code = static_cast<float>(l.max_code());
   uint32_t* words = out.codes + r * l.words_per_row();
-  for (int64_t g = 0; g < l.groups_per_row(); ++g) {
+  // Groups past the last real column (3 bits in groups of 16 pad to pairs of groups) keep code, scale and bias 0.
+  for (int64_t g = 0; g * l.group_size < l.cols; ++g) {
     const int64_t c0 = g * l.group_size, c1 = std::min(l.cols, c0 + l.group_size);
     const GroupData data{row + c0, options.column_importance.empty() ? nullptr : options.column_importance.data() + c0,
                          c1 - c0};
@@ -153,16 +154,17 @@ Layout layout(const Params& params, const Shape& shape) {
   Layout l;
   l.bits = static_cast<int>(r.integer("bits", {2, 3, 4, 5, 6, 8}));
   l.group_size = r.integer("group_size", {16, 32, 64, 128});
-  // Groups of 16 exist for GGUF's Q6_K (6-bit codes, a scale per 16 weights), re-expressed at load.
-  if (l.group_size == 16 && l.bits != 6)
-    fail(Errc::codec_params, "[affine] group_size 16 needs bits 6 (got {})", l.bits);
+  // Groups of 16 exist for GGUF's Q2_K, Q3_K and Q6_K (2-, 3- and 6-bit codes, a scale per 16 weights),
+  // re-expressed at load; the kernels have no other bit width in groups of 16.
+  if (l.group_size == 16 && l.bits != 2 && l.bits != 3 && l.bits != 6)
+    fail(Errc::codec_params, "[affine] group_size 16 needs bits 2, 3 or 6 (got {})", l.bits);
   l.scale_dtype = scale_dtype_from_name(r.choice("scale_dtype", {"bf16", "f16", "f32"}));
   if (shape.size() != 2) fail(Errc::shape, "[affine] shape {} must have rank 2", shape_str(shape));
   if (shape[0] < 1 || shape[1] < 1 || shape[1] > kMaxCols)
     fail(Errc::shape, "[affine] shape {} needs rows >= 1 and 1 <= cols <= 2^40", shape_str(shape));
   l.rows = shape[0];
   l.cols = shape[1];
-  l.padded_cols = r.padded_cols(l.cols, l.group_size);
+  l.padded_cols = r.padded_cols(l.cols, l.unit_cols());
   r.finish();
   return l;
 }
@@ -258,11 +260,13 @@ void quantize_column(const Params& params, const Shape& shape, EncodedTensor& te
 EncodedTensor slice(const Params& params, const Shape& shape, const ArrayViews& arrays, Axis axis,
                     std::span<const Range> ranges) {
   const Layout l = layout(params, shape);
-  return slice_grouped(params, shape, arrays, axis, ranges, l.padded_cols, l.group_size, "affine",
+  // Cut in units of whole words (unit_cols): a "group" of slice_grouped is one unit.
+  return slice_grouped(params, shape, arrays, axis, ranges, l.padded_cols, l.unit_cols(), "affine",
                        [](const Params& p, const Shape& s, std::string_view role) {
                          const Layout g = layout(p, s);
-                         return ArrayCut{.per_row = true,
-                                         .per_group = role == "codes" ? g.group_size * g.bits / 32 : 1};
+                         return ArrayCut{
+                             .per_row = true,
+                             .per_group = role == "codes" ? g.unit_cols() * g.bits / 32 : g.unit_cols() / g.group_size};
                        });
 }
 

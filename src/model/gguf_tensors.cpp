@@ -121,6 +121,41 @@ void unpack_q6_k(const uint8_t* b, uint8_t* q, float* s, float* m) {
   }
 }
 
+// Q2_K and Q3_K keep their low 2 bits of element e (half h = e / 128, quarter t = e % 128 / 32, l = e % 32) at bits
+// 2 t of qs[32 h + l]; Q3_K's third bit is bit 4 h + t of hmask[l].
+int low_two_bits(const uint8_t* qs, int e) { return (qs[32 * (e / 128) + e % 32] >> (2 * (e % 128 / 32))) & 3; }
+
+// Q2_K super-blocks: scales[16] (sub-block j of 16: scale in the low nibble, min in the high), qs[64], d and dmin
+// (f16); value d sc_j q - dmin m_j. d sc_j q (at most 17 significant bits) and dmin m_j are exact in f32, so scale
+// d sc_j and bias -dmin m_j round their sum once, as ggml's d sc_j q - dmin m_j does.
+void unpack_q2_k(const uint8_t* b, uint8_t* q, float* s, float* m) {
+  const float d = f16_to_f32(u16_at(b + 80)), dmin = f16_to_f32(u16_at(b + 82));
+  for (int j = 0; j < 16; ++j) {
+    s[j] = d * static_cast<float>(b[j] & 0x0F);
+    m[j] = -(dmin * static_cast<float>(b[j] >> 4));
+  }
+  for (int e = 0; e < 256; ++e) q[e] = static_cast<uint8_t>(low_two_bits(b + 16, e));
+}
+
+// Q3_K super-blocks: hmask[32], qs[64], twelve bytes of sixteen 6-bit scales sc_j (stored + 32), d (f16); value
+// d (sc_j - 32) (q - 4), q the low bits plus 4 where the hmask bit is set (ggml subtracts 4 where it is clear).
+// Scale j takes its low nibble from byte j % 8 (low nibble for j < 8, high for j >= 8) and its top two bits from
+// bits 2 (j / 4) of byte 8 + j % 4. d (sc_j - 32) has at most 16 significant bits, so scale d (sc_j - 32) and bias
+// -4 d (sc_j - 32) give ggml's products exactly (the bias is -4 scale, which the CPU kernel keeps as the scale alone).
+void unpack_q3_k(const uint8_t* b, uint8_t* q, float* s, float* m) {
+  const uint8_t *hmask = b, *sc = b + 96;
+  const float d = f16_to_f32(u16_at(b + 108));
+  for (int j = 0; j < 16; ++j) {
+    const int low = j < 8 ? sc[j] & 0x0F : sc[j - 8] >> 4, high = (sc[8 + j % 4] >> (2 * (j / 4))) & 3;
+    s[j] = d * static_cast<float>((low | high << 4) - 32);
+    m[j] = -4.0f * s[j];
+  }
+  for (int e = 0; e < 256; ++e) {
+    const int high = (hmask[e % 32] >> (4 * (e / 128) + e % 128 / 32)) & 1;
+    q[e] = static_cast<uint8_t>(low_two_bits(b + 32, e) | high << 2);
+  }
+}
+
 struct BlockAffine {
   io::GgmlType type;
   int bits;
@@ -133,6 +168,7 @@ constexpr BlockAffine kBlockAffine[] = {
     {io::GgmlType::Q5_0, 5, 32, unpack_q5_0}, {io::GgmlType::Q5_1, 5, 32, unpack_q5_1},
     {io::GgmlType::Q8_0, 8, 32, unpack_q8_0}, {io::GgmlType::Q4_K, 4, 32, unpack_q4_k},
     {io::GgmlType::Q5_K, 5, 32, unpack_q5_k}, {io::GgmlType::Q6_K, 6, 16, unpack_q6_k},
+    {io::GgmlType::Q2_K, 2, 16, unpack_q2_k}, {io::GgmlType::Q3_K, 3, 16, unpack_q3_k},
 };
 
 const BlockAffine* block_affine(io::GgmlType type) {
@@ -141,8 +177,9 @@ const BlockAffine* block_affine(io::GgmlType type) {
   return nullptr;
 }
 
-// n codes of `bits` bits -> n bits / 32 words of the affine LSB-first stream (a group fills whole words).
-void pack_group(const uint8_t* q, int n, int bits, uint32_t* words) {
+// n codes of `bits` bits -> n bits / 32 words of the affine LSB-first stream (a ggml block fills whole words; a
+// 3-bit group of 16 does not).
+void pack_codes(const uint8_t* q, int n, int bits, uint32_t* words) {
   uint64_t acc = 0;
   int filled = 0;
   for (int j = 0; j < n; ++j) {
@@ -161,15 +198,15 @@ bool exact_in_f16(float v) { return f16_to_f32(f32_to_f16(v)) == v; }
 PackedGgufTensor affine_from_blocks(const BlockAffine& t, std::span<const std::byte> bytes, const Shape& shape,
                                     const io::GgmlTypeInfo& info) {
   const int64_t rows = shape[0], cols = shape[1], groups = rows * (cols / t.group);
-  const int per_block = static_cast<int>(info.block_elems) / t.group, group_words = t.group * t.bits / 32;
+  const int block_elems = static_cast<int>(info.block_elems), per_block = block_elems / t.group;
   auto codes = make_buffer(DType::U32, {rows, cols * t.bits / 32});
   std::vector<float> scales(static_cast<size_t>(groups)), biases(static_cast<size_t>(groups));
   const auto* p = reinterpret_cast<const uint8_t*>(bytes.data());
   uint32_t* words = codes.as<uint32_t>();
   uint8_t q[256];
-  for (int64_t g = 0; g < groups; g += per_block, p += info.block_bytes) {
+  for (int64_t g = 0; g < groups; g += per_block, p += info.block_bytes, words += block_elems * t.bits / 32) {
     t.unpack(p, q, scales.data() + g, biases.data() + g);
-    for (int j = 0; j < per_block; ++j, words += group_words) pack_group(q + j * t.group, t.group, t.bits, words);
+    pack_codes(q, block_elems, t.bits, words);
   }
   // f16 metadata where every scale and bias is exact in it (the 32-element types: -o d is a power-of-two multiple
   // of an f16 unless it overflows), else f32 (the K types' products d sc_j, dmin m_j). NaN/inf compare unequal and

@@ -6,6 +6,7 @@
 #include <random>
 #include <vector>
 
+#include "codec/codec_test_util.h"
 #include "lowbit/codec/affine.h"
 #include "lowbit/codec/codec.h"
 #include "lowbit/core/error.h"
@@ -31,6 +32,7 @@ std::vector<uint32_t> codes_of(const EncodedTensor& t) {
 // the larger-magnitude endpoint (here max = 2^b - 1) at bias with scale -1, so code = (2^b - 1) - w.
 std::vector<float> weights_for_codes(const std::vector<uint32_t>& codes, int bits) {
   std::vector<float> w;
+  w.reserve(codes.size());
   for (uint32_t q : codes) w.push_back(static_cast<float>((1u << bits) - 1u - q));
   return w;
 }
@@ -230,19 +232,45 @@ TEST(Affine, PaddingIsNeverData) {
   }
 }
 
+// 3 bits in groups of 16 (GGUF's Q3_K) pad to a pair of groups, 96 bits, so that rows stay whole words: 37 columns
+// pad to 64, not 48, and the all-padding fourth group is stored too; any other padded_cols is refused.
+TEST(Affine, ThreeBitGroupsOf16PadToWholeWords) {
+  const int64_t rows = 3, cols = 37;
+  const auto w = random_weights(static_cast<size_t>(rows * cols), 16);
+  const EncodedTensor t = affine_codec().encode(affine_params(3, 16), {rows, cols}, w.data(), {});
+  EXPECT_EQ(t.params.at("padded_cols"), 64);
+  EXPECT_EQ(t.arrays.at(0).second.shape, (Shape{rows, 64 * 3 / 32}));
+  EXPECT_EQ(t.arrays.at(1).second.shape, (Shape{rows, 4}));
+  for (int64_t r = 0; r < rows; ++r)  // the all-padding group: scale and bias 0
+    for (size_t array : {size_t{1}, size_t{2}})
+      EXPECT_EQ(load_float(DType::F32, t.arrays.at(array).second.bytes.data(), static_cast<size_t>(r * 4 + 3)), 0.0f);
+  validate_tensor(ref_of(t, {rows, cols}), "3 bits g16");
+  EXPECT_EQ(decode_all(ref_of(t, {rows, cols})).size(), w.size());
+  Params p48 = affine_params(3, 16);
+  p48["padded_cols"] = 48;
+  test_util::expect_errc(Errc::codec_params, [&] { affine_codec().validate(p48, {rows, cols}); });
+  // 2 and 6 bits fill whole words with one group
+  for (const int bits : {2, 6}) {
+    const EncodedTensor u = affine_codec().encode(affine_params(bits, 16), {rows, cols}, w.data(), {});
+    EXPECT_EQ(u.params.at("padded_cols"), 48) << bits;
+  }
+}
+
 TEST(Affine, EveryInvalidParamIsRejected) {
   const Codec& c = affine_codec();
   const Shape shape{4, 64};
   const std::vector<Params> invalid = {
-      {{"group_size", 32}, {"scale_dtype", "f16"}},                                // bits missing
-      {{"bits", 4}, {"scale_dtype", "f16"}},                                       // group_size missing
-      {{"bits", 4}, {"group_size", 32}},                                           // scale_dtype missing
+      {{"group_size", 32}, {"scale_dtype", "f16"}},  // bits missing
+      {{"bits", 4}, {"scale_dtype", "f16"}},         // group_size missing
+      {{"bits", 4}, {"group_size", 32}},             // scale_dtype missing
       {{"bits", 1}, {"group_size", 32}, {"scale_dtype", "f16"}},
       {{"bits", 7}, {"group_size", 32}, {"scale_dtype", "f16"}},
       {{"bits", 16}, {"group_size", 32}, {"scale_dtype", "f16"}},
       {{"bits", "4"}, {"group_size", 32}, {"scale_dtype", "f16"}},
       {{"bits", 4.0}, {"group_size", 32}, {"scale_dtype", "f16"}},
       {{"bits", 4}, {"group_size", 16}, {"scale_dtype", "f16"}},
+      {{"bits", 5}, {"group_size", 16}, {"scale_dtype", "f32"}},
+      {{"bits", 8}, {"group_size", 16}, {"scale_dtype", "f32"}},
       {{"bits", 4}, {"group_size", 256}, {"scale_dtype", "f16"}},
       {{"bits", 4}, {"group_size", 32}, {"scale_dtype", "f64"}},
       {{"bits", 4}, {"group_size", 32}, {"scale_dtype", "F16"}},
@@ -261,6 +289,7 @@ TEST(Affine, EveryInvalidParamIsRejected) {
   }
   const Params good = affine_params(4, 32, "f16");
   EXPECT_NO_THROW(c.validate(good, shape));
+  for (const int bits : {2, 3, 6}) EXPECT_NO_THROW(c.validate(affine_params(bits, 16, "f32"), shape)) << bits;
   for (const Shape& bad : {Shape{64}, Shape{2, 2, 64}, Shape{0, 64}, Shape{4, 0}, Shape{-1, 64}}) {
     try {
       c.validate(good, bad);

@@ -81,6 +81,12 @@ TEST(Slice, GroupAlignedCutsPassAndGroupCutsAreRefused) {
   EXPECT_FALSE(slices_exactly(t, Axis::cols, {{0, 16}}, "affine"));
   // the padding goes with the range that ends at the width, never with an earlier one
   EXPECT_FALSE(slices_exactly(t, Axis::cols, {{96, 200}, {0, 32}}, "affine"));
+  // 3 bits in groups of 16 are cut in pairs of groups, the 96 bits of three whole words
+  const EncodedTensor e16 =
+      affine.encode({{"bits", 3}, {"group_size", 16}, {"scale_dtype", "f32"}}, shape, w.data(), {});
+  const TensorRef t16 = encoded_ref("affine", e16, shape);
+  EXPECT_TRUE(slices_exactly(t16, Axis::cols, {{0, 32}, {64, 200}}, "affine g16"));
+  EXPECT_FALSE(slices_exactly(t16, Axis::cols, {{16, 200}}, "affine g16"));
   // rows 4..9 of 8
   expect_errc(Errc::shape, [&] { slice_tensor(t, Axis::rows, std::vector<Range>{{4, 9}}, "affine"); });
   const Codec& trellis = codec_or_throw("trellis", "test");

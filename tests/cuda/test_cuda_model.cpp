@@ -11,6 +11,7 @@
 #include <map>
 #include <numeric>
 #include <random>
+#include <string>
 
 #include "lowbit/core/error.h"
 #include "lowbit/core/thread_pool.h"
@@ -331,6 +332,7 @@ TEST_F(CudaModelTest, SplitArgmaxMatchesCpuArgmax) {
     logits[static_cast<size_t>(2 * vocab - 1)] = 7.0f;  // row 1: the last element
     logits[static_cast<size_t>(2 * vocab + 123)] = std::nanf("");  // row 2: NaN among ordinary values
     std::vector<int32_t> want;
+    want.reserve(kBatch);
     for (int b = 0; b < kBatch; ++b) want.push_back(argmax(std::span(logits).subspan(b * vocab, vocab)));
     ASSERT_EQ(want[0], 9000);
     const auto buffer = [](size_t bytes, const void* host) {
@@ -339,7 +341,7 @@ TEST_F(CudaModelTest, SplitArgmaxMatchesCpuArgmax) {
       return b;
     };
     const kc::DeviceBuffer dl = buffer(logits.size() * sizeof(float), logits.data());
-    const size_t parts = static_cast<size_t>(kBatch * kc::argmax_blocks(vocab));
+    const size_t parts = static_cast<size_t>(kBatch) * static_cast<size_t>(kc::argmax_blocks(vocab));
     kc::DeviceBuffer values(parts * sizeof(float)), indices(parts * sizeof(int32_t)), counters(kBatch * 4), next(kBatch * 4);
     counters.fill(0);
     const std::vector<int32_t> pos0{5, 6, 7};
@@ -621,6 +623,23 @@ TEST_F(CudaModelTest, Stories260KPresetArtifactsMatchCpu) {
     auto gpu = load_model(o.destination);
     use_device(*gpu, "cuda");
     const auto tokens = random_tokens(24, cpu->config.vocab, 13);
+    EXPECT_LT(relative_error(run_logits(*gpu, tokens, 20, pool), run_logits(*cpu, tokens, 20, pool)), 1e-3);
+  }
+}
+
+// llama.cpp-made GGUF fixtures (tests/model/fixtures/gguf_quant/wide/) load their K-quant matrices packed: Q2_K's
+// recipe mixes affine 2 and 3 bits in groups of 16 (Q2_K, Q3_K), 4 bits (Q4_K) and 6 bits in groups of 16 (Q6_K),
+// Q4_K_M's 4 and 6 bits. On the GPU they give the CPU's logits, prefill (20 tokens: the groups of 16 run the matvec
+// over chunks of rows) and decode steps.
+TEST_F(CudaModelTest, GgufKQuantFixturesMatchCpu) {
+  const fs::path wide = fs::path(LOWBIT_SOURCE_DIR) / "tests/model/fixtures/gguf_quant/wide";
+  for (const char* type : {"Q2_K", "Q4_K_M"}) {
+    SCOPED_TRACE(type);
+    const fs::path path = wide / (std::string("model.") + type + ".gguf");
+    const auto cpu = load_model(path);
+    auto gpu = load_model(path);
+    use_device(*gpu, "cuda");
+    const auto tokens = random_tokens(24, cpu->config.vocab, 22);
     EXPECT_LT(relative_error(run_logits(*gpu, tokens, 20, pool), run_logits(*cpu, tokens, 20, pool)), 1e-3);
   }
 }

@@ -4,13 +4,16 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <set>
+#include <string>
 
 #include "io/gguf_builder.h"
 #include "lowbit/codec/codec.h"
@@ -20,6 +23,7 @@
 #include "lowbit/core/thread_pool.h"
 #include "lowbit/model/cuda_model.h"
 #include "lowbit/model/gguf_model.h"
+#include "lowbit/model/gguf_tensors.h"
 #include "model/tiny_model.h"
 
 namespace lowbit::model {
@@ -360,16 +364,16 @@ TEST_P(GgufPacked, CpuOnlyLoadGathersGgmlRowsAndReleasesTheCopiedArrays) {
 INSTANTIATE_TEST_SUITE_P(LlamaQuantize, GgufPacked, ::testing::Values("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL"));
 
 // tests/model/fixtures/gguf_quant/wide/: a random llama with 256-wide rows quantized by llama-quantize's mixed
-// recipes (Q4_K_M; IQ1_S, IQ1_M, IQ2_XS, IQ3_XXS, IQ4_XS with an importance matrix), with the SHA-256 of ggml's own
-// dequantization of every tensor, llama.cpp's logits on each file, and llama.cpp's logits on an f32 copy of each
+// recipes (Q4_K_M, Q2_K; IQ1_S, IQ1_M, IQ2_XS, IQ3_XXS, IQ4_XS with an importance matrix), with the SHA-256 of ggml's
+// own dequantization of every tensor, llama.cpp's logits on each file, and llama.cpp's logits on an f32 copy of each
 // holding ggml's dequantized values (scripts/make_gguf_quant_fixtures.sh).
 const fs::path kWideFixtures = kQuantFixtures / "wide";
 
-// Both of the largest |logit| (12.7 to 15.7 here), measured 2026-12-05 against the llama.cpp of llama-cpp-python
-// 0.3.36. On the quantized files llama.cpp rounds the activations to 8 bits per block of 256 (Q8_K) before each
-// quantized matmul, lowbit keeps them f32: 1.1% (IQ2_XS), 1.3% (IQ1_S), 1.5% (Q4_K_M), 1.7% (IQ4_XS), 1.8%
-// (IQ3_XXS), 2.1% (IQ1_M) apart, and llama.cpp's own quantized and f32 runs of the same weights differ by the
-// same amounts (to 0.01%), so that is all llama.cpp's rounding. On the f32 copies (no activation rounding; only
+// Both of the largest |logit| (12.7 to 15.7 here), measured 2026-12-05 (Q2_K 2026-12-06) against the llama.cpp of
+// llama-cpp-python 0.3.36. On the quantized files llama.cpp rounds the activations to 8 bits per block of 256 (Q8_K)
+// before each quantized matmul, lowbit keeps them f32: 1.1% (IQ2_XS), 1.2% (Q2_K), 1.3% (IQ1_S), 1.5% (Q4_K_M), 1.7%
+// (IQ4_XS), 1.8% (IQ3_XXS), 2.1% (IQ1_M) apart, and llama.cpp's own quantized and f32 runs of the same weights differ
+// by the same amounts (to 0.01%), so that is all llama.cpp's rounding. On the f32 copies (no activation rounding; only
 // llama.cpp's f16 KV cache differs) they agree to 0.030% .. 0.039%.
 constexpr double kLlamaCppWideTolerance = 0.04;
 constexpr double kLlamaCppF32Tolerance = 2e-3;
@@ -429,9 +433,9 @@ TEST_P(GgufWide, DequantizesAsGgmlAndGivesLlamaCppsLogits) {
   }
 }
 
-// Q4_K, Q5_K and Q6_K matrices load packed, as affine 4/5 bits in groups of 32 and 6 bits in groups of 16 with f32
-// metadata, and decode to ggml's values bit for bit; the other types of the recipes (Q2_K, Q3_K, the IQ types) are
-// dequantized.
+// Q2_K .. Q6_K matrices load packed, as affine 4/5 bits in groups of 32 and 2/3/6 bits in groups of 16 with f32
+// metadata, and decode to ggml's values (as f32 compare them: ggml's (d sc) * 0 may be -0 where scale q + bias gives
+// +0); the IQ types are dequantized.
 TEST_P(GgufWide, AffineKQuantsLoadPackedWithGgmlsValues) {
   const fs::path path = kWideFixtures / ("model." + GetParam() + ".gguf");
   const auto file = io::GgufFile::open(path);
@@ -444,21 +448,27 @@ TEST_P(GgufWide, AffineKQuantsLoadPackedWithGgmlsValues) {
     if (t.ref.shape.size() != 2 || t.ref.codec->id != "affine") continue;
     ++affine;
     const int bits = t.ref.params.at("bits").get<int>();
-    EXPECT_TRUE(bits == 4 || bits == 5 || bits == 6) << t.name;
-    EXPECT_EQ(t.ref.params.at("group_size"), bits == 6 ? 16 : 32) << t.name;
+    EXPECT_TRUE(bits >= 2 && bits <= 6) << t.name;
+    EXPECT_EQ(t.ref.params.at("group_size"), bits == 4 || bits == 5 ? 32 : 16) << t.name;
     const NamedTensor* d = dense->find(t.name);
     ASSERT_NE(d, nullptr) << t.name;
     EXPECT_TRUE(codec::decode_all(t.ref) == codec::decode_all(d->ref)) << t.name << ": not ggml's values bit for bit";
   }
-  const int k_types = file_types[io::GgmlType::Q4_K] + file_types[io::GgmlType::Q5_K] + file_types[io::GgmlType::Q6_K];
-  std::printf("%s: %d of %zu tensors packed as affine (Q4_K %d, Q5_K %d, Q6_K %d)\n", GetParam().c_str(), affine,
-              file.header().tensors.size(), file_types[io::GgmlType::Q4_K], file_types[io::GgmlType::Q5_K],
-              file_types[io::GgmlType::Q6_K]);
+  int k_types = 0;
+  std::string counts;
+  for (const auto type :
+       {io::GgmlType::Q2_K, io::GgmlType::Q3_K, io::GgmlType::Q4_K, io::GgmlType::Q5_K, io::GgmlType::Q6_K}) {
+    k_types += file_types[type];
+    counts.append(" ").append(io::ggml_type_info(static_cast<uint32_t>(type))->name);
+    counts.append(" ").append(std::to_string(file_types[type]));
+  }
+  std::printf("%s: %d of %zu tensors packed as affine (%s)\n", GetParam().c_str(), affine, file.header().tensors.size(),
+              counts.c_str() + 1);
   EXPECT_EQ(affine, k_types) << GetParam();
 }
 
 INSTANTIATE_TEST_SUITE_P(LlamaQuantize, GgufWide,
-                         ::testing::Values("Q4_K_M", "IQ1_S", "IQ1_M", "IQ2_XS", "IQ3_XXS", "IQ4_XS"));
+                         ::testing::Values("Q4_K_M", "Q2_K", "IQ1_S", "IQ1_M", "IQ2_XS", "IQ3_XXS", "IQ4_XS"));
 
 // tests/model/fixtures/gguf_quant/moe/: the qwen3_moe family fixture's GGUF with its merged gate/up expert tensors
 // quantized to Q4_1 (scripts/gguf_quantize_tensors.py, gguf-py's quantizer); the down experts stay BF16. Each
@@ -494,6 +504,49 @@ TEST(GgufMoe, MergedExpertTensorsLoadPackedPerExpert) {
   EXPECT_LE(max_diff, 5e-4 * scale);  // packed kernels round activations (GgufPacked)
 }
 
+// Every block type that loads packed, on random blocks (every code and sub-block scale, f16 fields of either sign,
+// a block of zero fields): the affine re-expression decodes to ggml's dequantization (io::dequantize_ggml, which the
+// wide fixtures check against ggml's own digests) bit for bit but for the sign of zero, in 2 rows of 3 blocks.
+TEST(GgufPackedBlocks, EveryPackedTypeDecodesAsItsDequantization) {
+  // The f16 fields (d, and dmin or m) of each type: their offsets in a block.
+  const std::vector<std::pair<GgmlType, std::vector<size_t>>> types = {
+      {GgmlType::Q4_0, {0}},    {GgmlType::Q4_1, {0, 2}},   {GgmlType::Q5_0, {0}},   {GgmlType::Q5_1, {0, 2}},
+      {GgmlType::Q8_0, {0}},    {GgmlType::Q2_K, {80, 82}}, {GgmlType::Q3_K, {108}}, {GgmlType::Q4_K, {0, 2}},
+      {GgmlType::Q5_K, {0, 2}}, {GgmlType::Q6_K, {208}}};
+  std::mt19937 rng(22);
+  std::uniform_int_distribution<int> byte(0, 255), exponent(-12, 2);
+  for (const auto& [type, halves] : types) {
+    const io::GgmlTypeInfo& info = *io::ggml_type_info(static_cast<uint32_t>(type));
+    const int64_t rows = 2, blocks_per_row = 3, cols = blocks_per_row * static_cast<int64_t>(info.block_elems);
+    std::vector<uint8_t> bytes(static_cast<size_t>(rows * blocks_per_row) * info.block_bytes);
+    for (uint8_t& v : bytes) v = static_cast<uint8_t>(byte(rng));
+    for (size_t blk = 0; blk < bytes.size() / info.block_bytes; ++blk)
+      for (const size_t at : halves) {
+        // Finite, of either sign; zero throughout block 1.
+        const float magnitude = std::ldexp(1.0f + static_cast<float>(byte(rng)) / 256.0f, exponent(rng));
+        const float v = blk == 1 ? 0.0f : byte(rng) % 2 ? -magnitude : magnitude;
+        const uint16_t h = f32_to_f16(v);
+        std::memcpy(&bytes[blk * info.block_bytes + at], &h, 2);
+      }
+    const auto raw = std::as_bytes(std::span(bytes));
+    const auto packed = gguf_packed_matrix(type, raw, {rows, cols});
+    ASSERT_TRUE(packed.has_value()) << info.name;
+    const codec::TensorRef ref{packed->codec, packed->tensor.params, {rows, cols}, packed->tensor.views()};
+    codec::validate_tensor(ref, info.name);
+    const std::vector<float> got = codec::decode_all(ref);
+    std::vector<float> want(static_cast<size_t>(rows * cols));
+    io::dequantize_ggml(type, raw, want);
+    int zeros = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      zeros += want[i] == 0.0f;
+      ASSERT_TRUE(std::bit_cast<uint32_t>(got[i]) == std::bit_cast<uint32_t>(want[i]) ||
+                  (got[i] == 0.0f && want[i] == 0.0f))
+          << info.name << " element " << i << ": " << got[i] << " vs " << want[i];
+    }
+    EXPECT_GE(zeros, info.block_elems) << info.name;  // block 1
+  }
+}
+
 // Together the wide fixtures hold every IQ type and the K-quants llama.cpp's recipes mix in.
 TEST(GgufWide, FixturesCoverEveryIqType) {
   const auto digests = nlohmann::json::parse(std::ifstream(kWideFixtures / "ggml_dequant.json"));
@@ -501,7 +554,7 @@ TEST(GgufWide, FixturesCoverEveryIqType) {
   for (const auto& [name, tensors] : digests.items())
     for (const auto& [tensor, row] : tensors.items()) types.insert(row.at("type").get<std::string>());
   EXPECT_EQ(types, (std::set<std::string>{"IQ1_M", "IQ1_S", "IQ2_S", "IQ2_XS", "IQ2_XXS", "IQ3_S", "IQ3_XXS", "IQ4_XS",
-                                          "Q2_K", "Q4_K", "Q5_K", "Q6_K"}));
+                                          "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"}));
 }
 
 }  // namespace

@@ -28,7 +28,8 @@ inline const std::map<std::string, CodecExample>& codec_examples() {
     affine.params.push_back({{"bits", 4}, {"group_size", 64}, {"scale_dtype", "bf16"}});
     affine.params.push_back({{"bits", 3}, {"group_size", 128}, {"scale_dtype", "f32"}});
     affine.params.push_back({{"bits", 2}, {"group_size", 128}, {"scale_dtype", "bf16"}});
-    affine.params.push_back({{"bits", 6}, {"group_size", 16}, {"scale_dtype", "f32"}});  // GGUF Q6_K
+    // GGUF Q2_K, Q3_K and Q6_K as they load (3 bits in groups of 16 pad to pairs of groups)
+    for (int bits : {2, 3, 6}) affine.params.push_back({{"bits", bits}, {"group_size", 16}, {"scale_dtype", "f32"}});
     affine.widths = {1, 31, 32, 33, 200, 544};
     t["affine"] = affine;
     t["offset_scale"] = {{{{"precision", "q3"}}, {{"precision", "q3_full8"}}, {{"precision", "q4"}}},

@@ -1,8 +1,10 @@
 // affine: w = scale * q + bias per group of G inputs, q in [0, 2^bits - 1], packed exactly as MLX's
 // `mx.quantize` packs it, so an MLX checkpoint's `<name>.weight`, `.scales` and `.biases` load unchanged.
 //
-// params: {"bits": 2|3|4|5|6|8, "group_size": 32|64|128, "scale_dtype": "bf16"|"f16"|"f32",
-//          "padded_cols": cols rounded up to group_size (optional on input, always written by encode)}
+// params: {"bits": 2|3|4|5|6|8, "group_size": 32|64|128 (16 at bits 2, 3 and 6: GGUF's Q2_K, Q3_K and Q6_K),
+//          "scale_dtype": "bf16"|"f16"|"f32",
+//          "padded_cols": cols rounded up to group_size, to two groups at 3 bits in groups of 16 (optional on input,
+//          always written by encode)}
 // arrays: "codes"  U32 [rows, padded_cols * bits / 32]  each row an LSB-first bit stream in little-endian words
 //         "scales" scale_dtype [rows, padded_cols / group_size]
 //         "biases" scale_dtype [rows, padded_cols / group_size]
@@ -22,7 +24,10 @@ struct Layout {
   DType scale_dtype = DType::BF16;
   int64_t rows = 0;
   int64_t cols = 0;         // logical width
-  int64_t padded_cols = 0;  // cols rounded up to group_size
+  int64_t padded_cols = 0;  // cols rounded up to unit_cols()
+  // The fewest columns of whole groups that fill whole words: one group, or two at 3 bits in groups of 16 (48
+  // bits). padded_cols and the column ranges of a slice are multiples of it.
+  int64_t unit_cols() const { return group_size * bits % 32 == 0 ? group_size : 2 * group_size; }
   int64_t words_per_row() const { return padded_cols * bits / 32; }
   int64_t groups_per_row() const { return padded_cols / group_size; }
   uint32_t max_code() const { return (1u << bits) - 1u; }

@@ -91,8 +91,8 @@ class CudaExperts {
     int max_groups = 0;
     const int32_t* x_rows = nullptr;
   };
-  // Errc::unsupported when the experts' layout has no grouped kernel (e.g. trellis, affine 3/5/6) or when their
-  // shapes or layouts differ; `what` names them in the message.
+  // Errc::unsupported when the experts' layout has no grouped kernel (e.g. trellis, affine 3/5/6, affine 2 in groups of
+  // 16) or when their shapes or layouts differ; `what` names them in the message.
   CudaExperts(std::vector<std::unique_ptr<CudaLinear>> experts, std::string_view what);
   ~CudaExperts();
   CudaExperts(const CudaExperts&) = delete;

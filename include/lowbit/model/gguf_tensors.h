@@ -9,14 +9,17 @@
 // - Q4_K and Q5_K (super-blocks of 256: f16 d and dmin, a 6-bit scale sc_j and min m_j per sub-block of 32, value
 //   d sc_j q - dmin m_j) are affine 4/5 bits, group 32, scale d sc_j and bias -dmin m_j, which need f32: 4.5 -> 6
 //   and 5.5 -> 7 bits per weight, against 32 dequantized.
-// - Q6_K (super-blocks of 256: f16 d, an int8 scale sc_j per sub-block of 16, value d sc_j (q - 32)) is affine 6
-//   bits, group 16 (the one affine layout with groups of 16), scale d sc_j and bias -32 d sc_j in f32: 6.56 -> 10
-//   bits per weight while loading, 8 in the CPU kernel (the scale alone, as for Q8_0).
-// Metadata is f16 where every scale and bias of the tensor is exact in f16, else f32. Every product and sum of the
-// affine formula is exact in f32 for these codes and values, so the decoded weights are bit-identical to ggml's
-// dequantize_row_*. F32, F16 and BF16 stay dense in their own dtype. Other types (Q2_K and Q3_K, whose codes and
-// sub-blocks of 16 no kernel layout has, and the IQ types, whose values are not affine in their codes) are returned
-// as nullopt: the caller dequantizes them.
+// - Q2_K, Q3_K and Q6_K (super-blocks of 256 in sub-blocks of 16) are affine 2, 3 and 6 bits in groups of 16 (the
+//   affine layouts with groups of 16), metadata in f32: Q2_K (f16 d and dmin, a 4-bit scale sc_j and min m_j per
+//   sub-block, value d sc_j q - dmin m_j) with scale d sc_j and bias -dmin m_j, 2.63 -> 6 bits per weight; Q3_K
+//   (f16 d, a 6-bit scale sc_j stored + 32, value d (sc_j - 32) (q - 4)) with scale d (sc_j - 32) and bias -4 times
+//   it, 3.44 -> 7, 6 in the CPU kernel (the scale alone, with the codes in 4-bit fields); Q6_K (f16 d, an int8
+//   scale sc_j, value d sc_j (q - 32)) with scale d sc_j and bias -32 d sc_j, 6.56 -> 10, 8 in the CPU kernel.
+// Metadata is f16 where every scale and bias of the tensor is exact in f16, else f32. Every product of the affine
+// formula is exact in f32 for these codes and values and the sums round once where ggml's do, so the decoded
+// weights are ggml's dequantize_row_* values bit for bit, but for the sign of a zero (ggml's d * 0 is -0 for a
+// negative d, scale q + bias is +0). F32, F16 and BF16 stay dense in their own dtype. Other types (the IQ types,
+// whose values are not affine in their codes) are returned as nullopt: the caller dequantizes them.
 #pragma once
 
 #include <optional>

@@ -15,8 +15,8 @@ namespace lowbit::kernels {
 namespace {
 
 // Whether every group's bias is -offset scale (finite): then w = scale (q - offset) exactly, and the records
-// need not hold the biases. GGUF Q4_0, Q5_0, Q8_0 and Q6_K load as affine this way (offset 2^(bits-1)), so their
-// kernels read 4.5, 5.5, 8.5 and 8 bits per weight instead of 5, 6, 9 and 10.
+// need not hold the biases. GGUF Q4_0, Q5_0, Q8_0, Q3_K and Q6_K load as affine this way (offset 2^(bits-1)), so
+// their kernels read 4.5, 5.5, 8.5, 6 and 8 bits per weight instead of 5, 6, 9, 8 and 10.
 bool biases_are_offset(const TensorView& scales, const TensorView& biases, DType dtype, float offset) {
   const size_t n = scales.bytes.size() / dtype_size(dtype);
   for (size_t i = 0; i < n; ++i) {
@@ -31,13 +31,15 @@ bool biases_are_offset(const TensorView& scales, const TensorView& biases, DType
 std::unique_ptr<CpuLinear> prepare_affine(const codec::TensorRef& tensor) {
   namespace af = codec::affine;
   const af::Layout l = af::layout(tensor.params, tensor.shape);
-  const int lo_bits = l.bits == 3 ? 2 : l.bits == 5 || l.bits == 6 ? 4 : l.bits;
+  // Planes of 2, 4 or 8 bits, plus a high plane of 1 or 2. Groups of 16 fill half a chunk, which a 1-bit plane
+  // cannot (block_kernels.h): 3 bits there take a 4-bit plane, one bit of it always zero.
+  const int lo_bits = l.bits == 3 ? (l.group_size == 16 ? 4 : 2) : l.bits == 5 || l.bits == 6 ? 4 : l.bits;
   const TensorView &codes = tensor.arrays.at("codes"), &scales = tensor.arrays.at("scales"),
                    &biases = tensor.arrays.at("biases");
   const auto offset = static_cast<float>(1u << (l.bits - 1));
   const bool scale_only = biases_are_offset(scales, biases, l.scale_dtype, offset);
-  BlockMatrix m(lo_bits, l.bits - lo_bits, scale_only ? BlockMeta::scale_offset : BlockMeta::scale_bias, l.scale_dtype,
-                l.rows, l.cols, l.padded_cols, l.group_size);
+  BlockMatrix m(lo_bits, std::max(l.bits - lo_bits, 0), scale_only ? BlockMeta::scale_offset : BlockMeta::scale_bias,
+                l.scale_dtype, l.rows, l.cols, l.padded_cols, l.group_size);
   m.offset = scale_only ? offset : 0.0f;
   const size_t meta_size = dtype_size(l.scale_dtype);
   const uint32_t lo_mask = (1u << lo_bits) - 1u;

@@ -6,8 +6,8 @@
 //   for each 32-column chunk of the group, for each plane (lo, then hi), for each of the plane's `width` words
 //   per row and chunk: 16 uint32 words, one per row of the block (64 bytes);
 //   then the metadata slots, each 16 values of meta_dtype (one per row).
-// A group of 16 columns (GGUF's Q6_K) holds half a chunk: the first width / 2 words of each plane, which hold
-// extractions 0..3 (columns 0..15) for widths 2, 4 and 8; so groups of 16 need planes of those widths.
+// A group of 16 columns (GGUF's Q2_K, Q3_K and Q6_K) holds half a chunk: the first width / 2 words of each plane,
+// which hold extractions 0..3 (columns 0..15) for widths 2, 4 and 8; so groups of 16 need planes of those widths.
 // So a thread that owns a range of blocks reads one sequential stream (codes and metadata interleaved), and a
 // 64-byte load holds one word of each of 16 rows. Within a plane of width p (1, 2, 4 or 8 bits), field f of byte
 // b of word j of a chunk holds column 4 (j 8/p + f) + b: "extraction" k = j 8/p + f (a shift and a mask) gives

@@ -11,7 +11,7 @@
 namespace lowbit::kernels::cuda {
 
 void check_layout(const AffineDevice& w, const char* op) {
-  const bool bits_ok = w.bits == 3 || w.bits == 5 || w.bits == 6;
+  const bool bits_ok = w.bits == 3 || w.bits == 5 || w.bits == 6 || (w.bits == 2 && w.group == 16);
   const bool group_ok = w.group >= 16 && (w.group & (w.group - 1)) == 0;
   if (!bits_ok || !group_ok || w.kpad % kChunkWeights != 0 || w.kpad % w.group != 0 || w.kpad < w.cols)
     fail(Errc::unsupported, "[{}] {} bits, group {}, padded width {} has no kernel", op, w.bits, w.group, w.kpad);

@@ -309,11 +309,14 @@ void launch_affine(const AffineDevice& w, const float* x, int m, int batch, floa
 }  // namespace
 
 // One instantiation per file (matvec_affine<B>.cu), so that the kernels compile in parallel.
+// 2 bits come here in groups of 16 only (GGUF's Q2_K; larger groups run on tensor cores), so only those compile.
 template <int B>
 void launch_affine_bits(const AffineDevice& w, const float* x, int m, int batch, float* y, CUstream_st* s) {
   if (w.group == 16) return launch_affine<B, 4>(w, x, m, batch, y, s);
-  if (w.group == 32) return launch_affine<B, 2>(w, x, m, batch, y, s);
-  launch_affine<B, 1>(w, x, m, batch, y, s);
+  if constexpr (B != 2) {
+    if (w.group == 32) return launch_affine<B, 2>(w, x, m, batch, y, s);
+    launch_affine<B, 1>(w, x, m, batch, y, s);
+  }
 }
 
 

@@ -25,7 +25,7 @@ struct AffineDevice {
   int64_t rows = 0;
   int64_t cols = 0;
   int64_t kpad = 0;
-  int bits = 3;    // 3, 5 or 6 (2/4 bits use AffineMmaDevice, 8 bits CoalescedDevice)
+  int bits = 3;    // 3, 5 or 6, or 2 in groups of 16 (other 2/4 bits use AffineMmaDevice, 8 bits CoalescedDevice)
   int group = 64;  // 16, 32, 64, 128, 256, ... (a power of two >= 16)
   MetaType meta_type = MetaType::bf16;
 };

@@ -3,13 +3,16 @@
 
 namespace lowbit::kernels::cuda {
 
+extern template void launch_affine_bits<2>(const AffineDevice&, const float*, int, int, float*, CUstream_st*);
 extern template void launch_affine_bits<3>(const AffineDevice&, const float*, int, int, float*, CUstream_st*);
 extern template void launch_affine_bits<5>(const AffineDevice&, const float*, int, int, float*, CUstream_st*);
 extern template void launch_affine_bits<6>(const AffineDevice&, const float*, int, int, float*, CUstream_st*);
 
-// The row-chunk kernel serves 3, 5 and 6 bits (2/4 bits run on tensor cores, 8 bits in the coalesced layout).
+// The row-chunk kernel serves 3, 5 and 6 bits and 2 bits in groups of 16 (other 2/4 bits run on tensor cores, 8
+// bits in the coalesced layout).
 void launch_affine_kernel(const AffineDevice& w, const float* x, int m, int batch, float* y, CUstream_st* s) {
   switch (w.bits) {
+    case 2: return launch_affine_bits<2>(w, x, m, batch, y, s);
     case 5: return launch_affine_bits<5>(w, x, m, batch, y, s);
     case 6: return launch_affine_bits<6>(w, x, m, batch, y, s);
     default: return launch_affine_bits<3>(w, x, m, batch, y, s);

@@ -205,7 +205,7 @@ class AffineLinear final : public GroupableLinear {
  public:
   explicit AffineLinear(const codec::TensorRef& t) {
     const codec::affine::Layout l = codec::affine::layout(t.params, t.shape);
-    if (l.bits == 2 || l.bits == 4) {
+    if (l.bits == 4 || (l.bits == 2 && l.group_size >= 32)) {  // the tensor-core layout has no groups of 16
       upload_mma(l, t);
       return;
     }
@@ -235,7 +235,8 @@ class AffineLinear final : public GroupableLinear {
     affine_matmul(w_, x, m, y, s);
   }
   // More rows than a decode batch run a tensor-core GEMM: the tensor-core layout's at 2/4 bits, the tile GEMM's
-  // decoding into shared memory at 3/5/6/8 bits; groups of 16 (GGUF's Q6_K) the matvec over chunks of rows.
+  // decoding into shared memory at 3/5/6/8 bits; groups of 16 (GGUF's Q2_K, Q3_K, Q6_K) the matvec over chunks of
+  // rows.
   void gemm(const float* x, int64_t m, float* y, Stream s) const override {
     if (m <= kMaxBatch || (!mma_ && !coalesced_ && w_.group < 32)) return CudaLinear::gemm(x, m, y, s);
     if (mma_) return affine_mma_gemm(mw_, x, m, y, s);
@@ -254,7 +255,7 @@ class AffineLinear final : public GroupableLinear {
       l.kind = ExpertLayout::Kind::coalesced;
       l.coalesced = coalesced();
     } else {
-      return std::nullopt;  // 3, 5, 6 bits: the row-chunk kernel has no grouped instance yet
+      return std::nullopt;  // 3, 5, 6 bits, 2 in groups of 16: the row-chunk kernel has no grouped instance yet
     }
     return l;
   }
@@ -328,7 +329,7 @@ class AffineLinear final : public GroupableLinear {
     return {w_.codes, w_.meta, w_.rows, w_.cols, w_.kpad, w_.bits, w_.group, w_.meta_type};
   }
 
-  // 2/4 bits: tensor-core layout; 8 bits: coalesced layout; 3/5/6 bits: row-chunk layout.
+  // 2/4 bits: tensor-core layout; 8 bits: coalesced layout; 3/5/6 bits and 2 in groups of 16: row-chunk layout.
   bool coalesced_ = false, mma_ = false;
   AffineMmaDevice mw_;
   AffineDevice w_;
@@ -622,7 +623,7 @@ CudaExperts::CudaExperts(std::vector<std::unique_ptr<CudaLinear>> experts, std::
     if (!l)
       fail(Errc::unsupported,
            "[prepare_cuda] {}: this codec's layout has no grouped expert kernel on the GPU yet "
-           "(dense and affine 2/4/8 bits have)",
+           "(dense and affine 4/8 bits and 2 bits in groups of 32 or more have)",
            what);
     if (e == 0) impl_->layout = *l;
     if (!same_layout(impl_->layout, *l))

@@ -231,7 +231,7 @@ void load_experts(Layer& w, const Ref& ref, const LayerDesc& d, int64_t l, codec
     if (!stack)
       fail(Errc::unsupported,
            "[cuda_model] layer {}: experts in codec '{}' have no grouped GPU kernel yet (dense and "
-           "affine 2/4/8 bits have)",
+           "affine 4/8 bits and 2 bits in groups of 32 or more have)",
            l, codec_id);
     gate_up.push_back(std::move(stack));
     downs.push_back(prepare(ref(*down[e]), hf_tensor_name(l, *down[e])));
